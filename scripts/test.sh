@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Sets up and runs every test tier: unit, slow, and Docker (engine started here when possible).
+# Extra arguments go to pytest, e.g. scripts/test.sh -m "not docker".
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh --dev || exit $?
+
+started=""
+if [ "$(id -u)" = 0 ] && command -v dockerd >/dev/null; then
+  state=$(bash scripts/docker-engine.sh start) || exit 1
+  [ "$state" = started ] && started=1
+  bash scripts/build-base-image.sh || { [ -n "$started" ] && bash scripts/docker-engine.sh stop; exit 1; }
+  export SKYRL_AGENT_REQUIRE_DOCKER=1   # the Docker tier must run, not skip
+fi
+
+.venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+status=$?
+[ -n "$started" ] && bash scripts/docker-engine.sh stop
+exit $status

@@ -1,0 +1,3 @@
+"""skyrl-agent: an RL gym for LLM agents in sandboxes."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,158 @@
+"""The `skyrl-agent` command line. Heavy imports stay inside commands so `--help` is instant.
+
+Bad input (a config key, a task, a name) prints one `error:` line and exits with code 2.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from skyrl_agent import __version__
+from skyrl_agent.errors import UserError
+
+app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False,
+                  help="skyrl-agent: an RL gym for LLM agents in sandboxes.")
+tasks_app = typer.Typer(no_args_is_help=True, help="Inspect and check Harbor-format task sets.")
+app.add_typer(tasks_app, name="tasks")
+console = Console()
+err_console = Console(stderr=True)
+
+ConfigOption = Annotated[Path | None, typer.Option("--config", "-c", help="YAML or TOML run config.")]
+SetOption = Annotated[list[str] | None, typer.Option(
+    "--set", help="Override a config value: section.key=value (repeatable).")]
+
+
+def _version(value: bool) -> None:
+    if value:
+        console.print(f"skyrl-agent {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option(
+        "--version", callback=_version, is_eager=True, help="Print the version.")] = False) -> None:
+    pass
+
+
+@tasks_app.command("list")
+def tasks_list(name: Annotated[str | None, typer.Argument(
+        help="A task set or path; without it, the bundled sets.")] = None) -> None:
+    """List bundled task sets, or the tasks of one set."""
+    from rich.table import Table
+
+    from skyrl_agent.tasks import bundled_sets, resolve_tasks
+    if name is None:
+        table = Table("set", "tasks")
+        for set_name in bundled_sets():
+            table.add_row(set_name, str(len(resolve_tasks(set_name))))
+        console.print(table)
+        return
+    table = Table("task", "category", "agent timeout", "network")
+    for task in resolve_tasks(name):
+        table.add_row(task.name, str(task.config.metadata.get("category", "")),
+                      f"{task.agent_timeout_s:g}s", "yes" if task.network_allowed else "no")
+    console.print(table)
+
+
+@tasks_app.command("show")
+def tasks_show(name: Annotated[str, typer.Argument(help="Task name (demo/hello-file) or path.")]
+               ) -> None:
+    """Show one task: its settings and its instruction."""
+    from skyrl_agent.tasks import find_task
+    task = find_task(name)
+    env = task.config.environment
+    console.print(f"[bold]{task.name}[/bold]  ({task.task_dir})")
+    console.print(f"agent timeout {task.agent_timeout_s:g}s, verifier timeout "
+                  f"{task.verifier_timeout_s:g}s, cpus {env.cpus or 1}, memory "
+                  f"{env.memory_mb or 'default'} MB, network "
+                  f"{'allowed' if task.network_allowed else 'none'}")
+    console.print()
+    console.print(task.instruction, markup=False)
+
+
+@tasks_app.command("check")
+def tasks_check(
+    ref: Annotated[str, typer.Argument(help="A bundled set, a task dir or a dir of tasks.")],
+    sandbox: Annotated[str | None, typer.Option(help="Sandbox backend: local or docker.")] = None,
+    agent: Annotated[str, typer.Option(help="oracle (reference solution) or nop.")] = "oracle",
+    jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Tasks run at once.")] = 1,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON lines instead of a table.")] = False,
+    expect: Annotated[float | None, typer.Option(
+        help="Exit 1 unless every task's reward equals this.")] = None,
+    config: ConfigOption = None,
+    overrides: SetOption = None,
+) -> None:
+    """Run oracle or nop on tasks in sandboxes and report each task's reward."""
+    from skyrl_agent.config import load_config
+    from skyrl_agent.sandboxes.base import sandbox_backend
+    from skyrl_agent.tasks import resolve_tasks
+    from skyrl_agent.tasks.check import check_tasks
+
+    settings = load_config(config, [*(overrides or []),
+                                    *([f"sandbox.backend={sandbox}"] if sandbox else [])])
+    sandbox_backend(settings.sandbox.backend)  # unknown backend: one line, before any work
+    tasks = resolve_tasks(ref, settings.tasks.include, settings.tasks.limit)
+    if settings.sandbox.backend == "docker":
+        from skyrl_agent.sandboxes.docker import reap_expired_containers
+        reap_expired_containers()
+    results = _run_with_progress(
+        lambda on_result: check_tasks(tasks, agent, settings.sandbox, jobs=jobs,
+                                      on_result=on_result),
+        total=len(tasks), as_json=as_json)
+    if not as_json:
+        _print_check_table(results)
+    if expect is not None and any(r.reward != expect for r in results):
+        raise typer.Exit(1)
+
+
+def _run_with_progress(make_coro, total: int, as_json: bool):
+    """Run the coroutine with a progress bar on stderr (JSON lines, if asked, go to stdout)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    progress = Progress(TextColumn("checking"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=err_console, disable=as_json, transient=True)
+    bar = progress.add_task("check", total=total)
+
+    def on_result(result) -> None:
+        if as_json:
+            print(json.dumps(result.to_json()), flush=True)
+        progress.advance(bar)
+
+    async def runner():
+        # SIGTERM cancels the run like Ctrl-C does, so every sandbox is stopped on the way out.
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
+        return await make_coro(on_result)
+
+    with progress:
+        return asyncio.run(runner())
+
+
+def _print_check_table(results) -> None:
+    from rich.table import Table
+    table = Table("task", "reward", "reason")
+    for r in results:
+        style = "green" if r.reward == 1.0 else "red" if r.reason else "yellow"
+        table.add_row(r.task, f"[{style}]{r.reward:.2f}[/{style}]", r.reason or "")
+    console.print(table)
+    mean = sum(r.reward for r in results) / max(1, len(results))
+    errors = sum(1 for r in results if r.reason)
+    console.print(f"{len(results)} tasks, mean reward {mean:.3f}, {errors} with errors")
+
+
+def main() -> None:
+    """Console-script entry point: user errors become one line and exit code 2."""
+    try:
+        app()
+    except UserError as exc:
+        err_console.print(f"[red]error:[/red] {exc}", markup=True, highlight=False)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        sys.exit(130)

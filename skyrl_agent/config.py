@@ -1,0 +1,209 @@
+"""Run configuration: one pydantic model per stage, loaded from YAML or TOML plus `--set` overrides.
+
+Unknown keys and invalid combinations are rejected when the file is loaded, with one line that
+names the key, so a run never fails an hour in on a typo.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from skyrl_agent.errors import ConfigError
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _default_base_images() -> dict[str, str]:
+    local = "skyrl-agent/base:bookworm"
+    names = ["ubuntu:24.04", "ubuntu:22.04", "debian:bookworm", "debian:bookworm-slim",
+             "python:3.12-slim", "python:3.12-slim-bookworm", "python:3.11-slim"]
+    return {name: local for name in names}
+
+
+class DockerConfig(_Section):
+    """Settings of the `docker` sandbox backend."""
+
+    base_images: dict[str, str] = Field(default_factory=_default_base_images)
+    """Public base image -> local tag, used when the public image is not present (offline machines)."""
+    build_timeout_s: float = Field(default=900.0, gt=0)
+    """Longest a task image build may take."""
+    runtime: str | None = None
+    """OCI runtime for containers (e.g. `runsc` for gVisor); None uses the engine's default."""
+
+
+class SandboxConfig(_Section):
+    """Where agent commands run."""
+
+    backend: str = "local"
+    """`local` (bubblewrap), `docker`, or any name registered under `skyrl_agent.sandboxes`."""
+    memory_mb: int | None = Field(default=None, gt=0)
+    """Memory limit; None uses the task's `[environment] memory_mb` (or 2048)."""
+    cpus: float | None = Field(default=None, gt=0)
+    """CPU limit; None uses the task's `[environment] cpus` (or 1)."""
+    pids_limit: int = Field(default=512, ge=16)
+    """Most processes a sandbox may hold at once (stops fork bombs)."""
+    deadline_s: float | None = Field(default=None, gt=0)
+    """Hard lifetime of a sandbox; None = the task's agent timeout + verifier timeout + 60 s."""
+    warm_pool: int = Field(default=0, ge=0)
+    """Sandboxes kept started ahead of need, per task environment (0 = none)."""
+    max_output_bytes: int = Field(default=1_000_000, ge=1024)
+    """Per exec, stdout and stderr are each cut to this many bytes (head and tail kept)."""
+    work_root: Path | None = None
+    """Host folder for local sandboxes' private files; None = the system temp folder."""
+    docker: DockerConfig = Field(default_factory=DockerConfig)
+    """Docker backend settings."""
+
+
+class TasksConfig(_Section):
+    """Which tasks to run."""
+
+    source: str = "demo"
+    """A bundled set name, a task dir, a dir of task dirs, or `SOURCE:ARG` for a plug-in source."""
+    include: list[str] = Field(default_factory=list)
+    """Only tasks whose name contains one of these strings (empty = all)."""
+    limit: int | None = Field(default=None, gt=0)
+    """At most this many tasks, after filtering."""
+
+
+class AgentConfig(_Section):
+    """Which agent acts, and its budgets."""
+
+    name: str = "oracle"
+    """A name registered under `skyrl_agent.agents`."""
+    timeout_s: float | None = Field(default=None, gt=0)
+    """Agent deadline; None uses the task's `[agent] timeout_sec` (or 600)."""
+    max_turns: int = Field(default=50, gt=0)
+    """Most model calls per trajectory."""
+    max_context_tokens: int = Field(default=8192, ge=256)
+    """Context budget; past it the session summarizes."""
+
+
+class InferenceConfig(_Section):
+    """The model endpoint agents talk to."""
+
+    backend: Literal["embedded", "vllm", "openai"] = "embedded"
+    """`embedded` (CPU server started here), `vllm` (GPU), or `openai` (any endpoint, no training)."""
+    endpoint: str | None = None
+    """Base URL of a running server; required for `openai`."""
+    model: str = "smollm2-135m"
+    """Model name or local folder."""
+    temperature: float = Field(default=1.0, ge=0)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    max_tokens: int = Field(default=1024, gt=0)
+    """Most tokens per model call."""
+    num_servers: int = Field(default=1, gt=0)
+
+
+class CollectorConfig(_Section):
+    """How rollouts are gathered."""
+
+    n_samples_per_task: int = Field(default=4, gt=0)
+    """Group size n: samples per task."""
+    max_concurrent_sandboxes: int = Field(default=8, gt=0)
+    max_inflight_requests: int = Field(default=32, gt=0)
+    infra_retries: int = Field(default=2, ge=0)
+    """Retries of a sample after a sandbox or infrastructure error, before it is masked."""
+    mask_group_on_failure: bool = False
+    """Mask the whole group when one sample is masked."""
+
+
+class TrainerConfig(_Section):
+    """How the policy is updated."""
+
+    backend: Literal["torch", "megatron"] = "torch"
+    algorithm: Literal["grpo", "rloo", "reinforce"] = "grpo"
+    learning_rate: float = Field(default=1e-6, gt=0)
+    groups_per_batch: int = Field(default=4, gt=0)
+    max_staleness: int = Field(default=1, ge=0)
+    """Most policy versions a sample may lag behind the trainer (0 = synchronous)."""
+    steps: int = Field(default=10, gt=0)
+
+
+class RunConfig(_Section):
+    """Everything a run needs. Every stage reads its own section."""
+
+    tasks: TasksConfig = Field(default_factory=TasksConfig)
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    agent: AgentConfig = Field(default_factory=AgentConfig)
+    inference: InferenceConfig = Field(default_factory=InferenceConfig)
+    collector: CollectorConfig = Field(default_factory=CollectorConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    seed: int = 0
+    output_dir: Path = Path("runs/latest")
+
+    @model_validator(mode="after")
+    def _combinations(self) -> RunConfig:
+        if self.inference.backend == "openai" and not self.inference.endpoint:
+            raise ValueError("inference.backend='openai' needs inference.endpoint")
+        if self.trainer.backend == "megatron" and self.inference.backend != "vllm":
+            raise ValueError("trainer.backend='megatron' needs inference.backend='vllm'")
+        if self.trainer.algorithm in ("grpo", "rloo") and self.collector.n_samples_per_task < 2:
+            raise ValueError(
+                f"trainer.algorithm={self.trainer.algorithm!r} compares samples within a group: "
+                "collector.n_samples_per_task must be at least 2"
+            )
+        return self
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    text = path.read_text()
+    try:
+        if path.suffix == ".toml":
+            data = tomllib.loads(text)
+        elif path.suffix in (".yaml", ".yml"):
+            data = yaml.safe_load(text) or {}
+        else:
+            raise ConfigError(f"config file must end in .yaml, .yml or .toml: {path}")
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
+        first_line = str(exc).strip().splitlines()[0]
+        raise ConfigError(f"cannot parse {path}: {first_line}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a mapping of sections, not {type(data).__name__}")
+    return data
+
+
+def _apply_override(data: dict[str, Any], override: str) -> None:
+    key, sep, raw = override.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override must look like section.key=value, got {override!r}")
+    parts = key.strip().split(".")
+    node = data
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {key}: {part} is not a section")
+        node = child
+    try:
+        node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        node[parts[-1]] = raw
+
+
+def _one_line(exc: ValidationError) -> str:
+    messages = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"])
+        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+        msg = msg.removeprefix("Value error, ")
+        messages.append(f"{where}: {msg}" if where else msg)
+    return "; ".join(messages)
+
+
+def load_config(path: Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """A validated RunConfig from an optional file plus `a.b=value` overrides (applied in order)."""
+    data = _read_file(path) if path is not None else {}
+    for override in overrides or []:
+        _apply_override(data, override)
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"invalid config: {_one_line(exc)}") from None

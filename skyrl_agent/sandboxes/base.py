@@ -1,0 +1,189 @@
+"""The Sandbox protocol: where agent commands and task tests run.
+
+One small async ABC (in the spirit of Harbor's BaseEnvironment). Implementations live beside it
+and register under the entry-point group `skyrl_agent.sandboxes`: `local` (bubblewrap) and
+`docker`. Every backend must: start from the task's environment, give no network unless the task
+allows it, see no host secrets or host environment, and kill everything it started at its
+deadline or at stop().
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Self
+
+from skyrl_agent import plugins
+from skyrl_agent.config import SandboxConfig
+from skyrl_agent.errors import UserError
+from skyrl_agent.sandboxes.dockerfile import final_workdir, parse_dockerfile
+from skyrl_agent.tasks.model import TaskSpec
+
+DEFAULT_MEMORY_MB = 2048
+DEADLINE_MARGIN_S = 60.0
+
+
+class SandboxError(Exception):
+    """The sandbox failed (did not start, died, passed its deadline): an infrastructure error."""
+
+
+class UnsupportedEnvironment(UserError):
+    """The task's environment asks for something this backend cannot provide."""
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """What one command did."""
+
+    exit_code: int
+    """The command's exit status (-1 when it was killed at its timeout)."""
+    stdout: str
+    """Standard output, decoded as UTF-8 (invalid bytes replaced), cut to max_output_bytes."""
+    stderr: str
+    """Standard error, likewise."""
+    timed_out: bool = False
+    """True when the command was killed at its timeout."""
+    duration_s: float = 0.0
+    """Wall time of the command."""
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """Everything a backend needs to create one sandbox; built from a task plus the run config."""
+
+    name: str
+    """A label (the task name), used in names of containers and cgroups."""
+    environment_dir: Path | None
+    """The task's environment/ folder: Dockerfile and the files its COPY lines name."""
+    docker_image: str | None = None
+    """A prebuilt image (task.toml `docker_image`) instead of a Dockerfile."""
+    workdir: str = "/"
+    """Where commands run by default (task.toml `workdir`, else the Dockerfile's WORKDIR)."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Environment of every command (task.toml `[environment] env`); nothing from the host."""
+    network: bool = False
+    """Whether the sandbox may reach the network."""
+    memory_mb: int = DEFAULT_MEMORY_MB
+    cpus: float = 1.0
+    pids_limit: int = 512
+    deadline_s: float = 3600.0
+    """Lifetime: at this many seconds after start everything in the sandbox is killed."""
+    max_output_bytes: int = 1_000_000
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
+
+    @property
+    def dockerfile(self) -> Path | None:
+        if self.environment_dir is None:
+            return None
+        path = self.environment_dir / "Dockerfile"
+        return path if path.is_file() else None
+
+    def environment_key(self) -> str:
+        """Content hash of what defines the sandbox's starting state (for image caches, pools)."""
+        digest = hashlib.sha256()
+        digest.update(repr((self.docker_image, self.workdir, sorted(self.env.items()),
+                            self.network, self.memory_mb, self.cpus, self.pids_limit)).encode())
+        if self.environment_dir is not None:
+            for path in sorted(self.environment_dir.rglob("*")):
+                if path.is_file():
+                    digest.update(str(path.relative_to(self.environment_dir)).encode())
+                    digest.update(path.read_bytes())
+        return digest.hexdigest()
+
+    @classmethod
+    def from_task(cls, task: TaskSpec, config: SandboxConfig) -> SandboxSpec:
+        env_cfg = task.config.environment
+        workdir = env_cfg.workdir
+        if workdir is None and task.dockerfile.is_file():
+            workdir = final_workdir(parse_dockerfile(task.dockerfile.read_text()))
+        deadline = config.deadline_s or (
+            task.agent_timeout_s + task.verifier_timeout_s + DEADLINE_MARGIN_S)
+        return cls(
+            name=task.name,
+            environment_dir=task.environment_dir if task.environment_dir.is_dir() else None,
+            docker_image=env_cfg.docker_image,
+            workdir=workdir or "/",
+            env=dict(env_cfg.env),
+            network=task.network_allowed,
+            memory_mb=config.memory_mb or env_cfg.memory_mb or DEFAULT_MEMORY_MB,
+            cpus=float(config.cpus or env_cfg.cpus or 1),
+            pids_limit=config.pids_limit,
+            deadline_s=deadline,
+            max_output_bytes=config.max_output_bytes,
+        )
+
+
+class Sandbox(ABC):
+    """An isolated place to run commands; use as `async with backend(spec, config) as sandbox:`."""
+
+    def __init__(self, spec: SandboxSpec, config: SandboxConfig | None = None) -> None:
+        self.spec = spec
+        self.config = config or SandboxConfig()
+        self._started_at: float | None = None
+
+    @abstractmethod
+    async def start(self) -> None:
+        """Create the sandbox from its spec; raise SandboxError or UnsupportedEnvironment."""
+
+    @abstractmethod
+    async def exec(self, command: str, timeout: float | None = None, cwd: str | None = None,
+                   env: Mapping[str, str] | None = None, user: str | int | None = None,
+                   ) -> ExecResult:
+        """Run `command` with bash; kill its whole process group at `timeout` seconds."""
+
+    @abstractmethod
+    async def upload(self, local: Path, remote: str) -> None:
+        """Copy a host file or folder to the absolute sandbox path `remote`."""
+
+    @abstractmethod
+    async def download(self, remote: str, local: Path) -> None:
+        """Copy a sandbox file or folder to the host path `local`."""
+
+    @abstractmethod
+    async def stop(self) -> None:
+        """Kill everything the sandbox started and delete it. Safe to call twice."""
+
+    def remaining_s(self) -> float:
+        """Seconds left before the deadline."""
+        if self._started_at is None:
+            return self.spec.deadline_s
+        return max(0.0, self.spec.deadline_s - (time.monotonic() - self._started_at))
+
+    def _effective_timeout(self, timeout: float | None) -> float:
+        remaining = self.remaining_s()
+        if remaining <= 0:
+            raise SandboxError(f"sandbox {self.spec.name} passed its deadline")
+        return min(timeout, remaining) if timeout is not None else remaining
+
+    async def __aenter__(self) -> Self:
+        try:
+            await self.start()
+        except BaseException:
+            await asyncio.shield(self.stop())
+            raise
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await asyncio.shield(self.stop())
+
+
+def sandbox_backend(name: str) -> type[Sandbox]:
+    """The Sandbox class registered as `name`."""
+    return plugins.load(plugins.SANDBOXES, name)
+
+
+def create_sandbox(spec: SandboxSpec, config: SandboxConfig) -> Sandbox:
+    """An unstarted sandbox of the configured backend."""
+    return sandbox_backend(config.backend)(spec, config)

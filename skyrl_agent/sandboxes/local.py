@@ -1,0 +1,303 @@
+"""The `local` backend: a bubblewrap sandbox, no daemon needed.
+
+Layout: the sandbox's root is a private host folder (its `/app`, `/logs`, `/tmp`, `/root`, ...
+live there); the host's /usr and a short list of /etc files are mounted read-only on top; nothing
+else of the host is visible. Every namespace is unshared (no network unless the task allows it),
+all capabilities are dropped, the host environment is cleared, and sandbox root is an unprivileged
+host user (nobody, or the caller when not root). One long-lived process (exec_server.py) runs
+commands, so all commands share one PID namespace; killing it, at stop() or at the deadline,
+kills every process the sandbox started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import itertools
+import json
+import os
+import shlex
+import shutil
+import tarfile
+import tempfile
+import time
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+
+from skyrl_agent.sandboxes.base import ExecResult, Sandbox, SandboxError, UnsupportedEnvironment
+from skyrl_agent.sandboxes.cgroups import Cgroup, cgroups_available
+from skyrl_agent.sandboxes.local_plan import LocalPlan, plan_local
+
+SANDBOX_UID = 65534  # host uid that sandbox root maps to when skyrl-agent runs as root
+SERVER_SOURCE = (Path(__file__).parent / "exec_server.py").read_text()
+ETC_ENTRIES = ("passwd", "group", "hosts", "nsswitch.conf", "host.conf", "ld.so.cache",
+               "ld.so.conf", "ld.so.conf.d", "alternatives", "ssl", "ca-certificates",
+               "ca-certificates.conf", "localtime", "timezone", "profile", "profile.d",
+               "bash.bashrc", "inputrc", "terminfo", "mime.types", "os-release", "debian_version",
+               "python3", "python3.11", "python3.12", "gitconfig", "login.defs", "protocols",
+               "services", "magic", "tmux.conf", "vim")
+BASE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "HOME": "/root", "TERM": "xterm-256color", "LANG": "C.UTF-8", "USER": "root"}
+TRANSFER_LIMIT = 512 * 1024 * 1024
+
+
+def _chown_tree(path: Path, uid: int) -> None:
+    os.chown(path, uid, uid)
+    for dirpath, dirnames, filenames in os.walk(path):
+        for name in dirnames + filenames:
+            os.chown(os.path.join(dirpath, name), uid, uid, follow_symlinks=False)
+
+
+def _remove_tree(path: Path) -> None:
+    def make_writable(func, target, _exc):  # a sandbox may leave read-only folders behind
+        os.chmod(os.path.dirname(target), 0o700)
+        func(target)
+    try:
+        shutil.rmtree(path, onexc=make_writable)
+    except OSError:  # a copy still running in a cancelled start() may add files meanwhile
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _require_traversable(path: Path) -> None:
+    for folder in [path, *path.parents]:
+        if not folder.stat().st_mode & 0o001:
+            raise UnsupportedEnvironment(
+                f"sandbox.work_root {path}: {folder} is not searchable by other users, so the "
+                f"unprivileged sandbox user cannot reach it (chmod o+x {folder}, or pick another)")
+
+
+class LocalSandbox(Sandbox):
+    """A bubblewrap sandbox on this machine."""
+
+    def __init__(self, spec, config=None) -> None:
+        super().__init__(spec, config)
+        self.id = f"{spec.name.replace('/', '-')[:40]}-{uuid.uuid4().hex[:8]}"
+        self._dir: Path | None = None
+        self._cgroup: Cgroup | None = None
+        self._proc: asyncio.subprocess.Process | None = None
+        self._reader: asyncio.Task | None = None
+        self._pending: dict[int, asyncio.Future] = {}
+        self._ids = itertools.count(1)
+        self._plan: LocalPlan | None = None
+        self._deadline_timer: asyncio.TimerHandle | None = None
+        self._dead_reason: str | None = None
+        self.server_pid: int | None = None
+
+    @property
+    def root(self) -> Path:
+        """The host folder that is the sandbox's `/`."""
+        assert self._dir is not None, "sandbox not started"
+        return self._dir / "root"
+
+    @property
+    def cgroup(self) -> Cgroup | None:
+        return self._cgroup
+
+    async def start(self) -> None:
+        if shutil.which("bwrap") is None:
+            raise UnsupportedEnvironment(
+                "bubblewrap (bwrap) is not installed: run scripts/setup.sh as root, "
+                "or apt-get install bubblewrap")
+        self._plan = plan_local(self.spec)
+        base = self.config.work_root or Path(tempfile.gettempdir()) / "skyrl-agent-sandboxes"
+        base.mkdir(parents=True, exist_ok=True)
+        self._dir = Path(tempfile.mkdtemp(prefix=self.id + "-", dir=base))
+        self._dir.chmod(0o711)  # the unprivileged sandbox user must reach root/ to mount it
+        if os.geteuid() == 0:
+            _require_traversable(base)
+        await asyncio.to_thread(self._prepare_root, self._plan)
+        if cgroups_available():
+            self._cgroup = Cgroup.create(self.id, self.spec.memory_mb, self.spec.pids_limit,
+                                         self.spec.cpus)
+        self._proc = await asyncio.create_subprocess_exec(
+            *self._command(self._plan), stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, limit=2**31 - 1,
+            env={"PATH": BASE_ENV["PATH"]})  # pid 1 inside keeps this environ: no host values
+        self._started_at = time.monotonic()
+        ready = await self._wait_ready()
+        self.server_pid = ready.get("pid")
+        self._reader = asyncio.create_task(self._read_replies())
+        self._deadline_timer = asyncio.get_running_loop().call_later(
+            self.spec.deadline_s, self._kill, "deadline")
+        for cwd, command in self._plan.run_steps:
+            result = await self.exec(command, cwd=cwd, timeout=self.remaining_s())
+            if not result.ok:
+                raise SandboxError(f"Dockerfile RUN step failed in {self.spec.name} "
+                                   f"(exit {result.exit_code}): {result.stderr[-500:]}")
+
+    def _prepare_root(self, plan: LocalPlan) -> None:
+        root = self.root
+        for sub in ("usr", "etc", "proc", "dev", "root", "home", "var/tmp", "logs/agent",
+                    "logs/verifier"):
+            (root / sub).mkdir(parents=True, exist_ok=True)
+        (root / "tmp").mkdir(mode=0o1777)
+        for directory in plan.directories:
+            (root / directory.lstrip("/")).mkdir(parents=True, exist_ok=True)
+        for step in plan.copies:
+            target = root / step.destination.lstrip("/")
+            if step.into_directory and not step.source.is_dir():
+                target = target / step.source.name
+            if step.source.is_dir():
+                shutil.copytree(step.source, target, dirs_exist_ok=True, symlinks=True)
+            else:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(step.source, target)
+        if os.geteuid() == 0:
+            _chown_tree(root, SANDBOX_UID)
+
+    def _bwrap_args(self, plan: LocalPlan) -> list[str]:
+        args = ["bwrap", "--die-with-parent", "--new-session", "--unshare-all", "--unshare-user",
+                "--uid", "0", "--gid", "0", "--hostname", "sandbox", "--bind", str(self.root), "/",
+                "--ro-bind", "/usr", "/usr", "--proc", "/proc", "--dev", "/dev"]
+        if self.spec.network:
+            args += ["--share-net"]
+        for top in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+            host = Path("/") / top
+            if host.is_symlink():
+                args += ["--symlink", os.readlink(host), f"/{top}"]
+            elif host.is_dir():
+                args += ["--ro-bind", str(host), f"/{top}"]
+        etc = ETC_ENTRIES + (("resolv.conf",) if self.spec.network else ())
+        for entry in etc:
+            if os.path.lexists(f"/etc/{entry}"):
+                args += ["--ro-bind", f"/etc/{entry}", f"/etc/{entry}"]
+        args += ["--clearenv"]
+        for key, value in {**BASE_ENV, **plan.env}.items():
+            args += ["--setenv", key, value]
+        args += ["--chdir", plan.workdir, "--cap-drop", "ALL"]
+        return args
+
+    def _command(self, plan: LocalPlan) -> list[str]:
+        server = ["/usr/bin/python3", "-I", "-c", SERVER_SOURCE, str(self.spec.deadline_s)]
+        command = self._bwrap_args(plan) + ["--", *server]
+        if os.geteuid() == 0:
+            command = ["setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}",
+                       "--clear-groups", *command]
+        if self._cgroup is not None:
+            joins = " && ".join(f"echo $$ > {shlex.quote(str(f))}"
+                                for f in self._cgroup.procs_files)
+            return ["/bin/sh", "-c", f'{joins} && exec "$@"', "sh", *command]
+        # No writable cgroups: rlimits bound memory (address space) instead.
+        limit = self.spec.memory_mb * 1024 * 1024
+        return ["prlimit", f"--as={limit}", "--", *command]
+
+    async def _wait_ready(self) -> dict:
+        assert self._proc is not None and self._proc.stdout is not None
+        try:
+            line = await asyncio.wait_for(self._proc.stdout.readline(), timeout=30)
+        except TimeoutError:
+            line = b""
+        if not line:
+            if self._proc.returncode is None:
+                self._proc.kill()
+            stderr = (await self._proc.stderr.read()).decode(errors="replace").strip()
+            raise SandboxError(f"local sandbox for {self.spec.name} did not start: "
+                               f"{stderr.splitlines()[-1] if stderr else 'no output'}")
+        return json.loads(line)
+
+    async def _read_replies(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        while line := await self._proc.stdout.readline():
+            reply = json.loads(line)
+            future = self._pending.pop(reply.get("id"), None)
+            if future is not None and not future.done():
+                future.set_result(reply)
+        reason = self._dead_reason or "its process exited"
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(SandboxError(f"sandbox {self.spec.name} died: {reason}"))
+        self._pending.clear()
+
+    def _kill(self, reason: str) -> None:
+        if self._dead_reason is None:
+            self._dead_reason = reason
+        if self._proc is not None and self._proc.returncode is None:
+            self._proc.kill()
+        if self._cgroup is not None:
+            self._cgroup.kill_all()
+
+    async def _request(self, message: dict, wait_s: float) -> dict:
+        if self._proc is None or self._dead_reason is not None or self._proc.returncode is not None:
+            raise SandboxError(f"sandbox {self.spec.name} is not running "
+                               f"({self._dead_reason or 'not started'})")
+        request_id = next(self._ids)
+        future = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = future
+        assert self._proc.stdin is not None
+        self._proc.stdin.write((json.dumps({"id": request_id, **message}) + "\n").encode())
+        await self._proc.stdin.drain()
+        try:
+            return await asyncio.wait_for(future, timeout=wait_s)
+        except TimeoutError:
+            self._pending.pop(request_id, None)
+            raise SandboxError(f"sandbox {self.spec.name} stopped answering") from None
+
+    async def exec(self, command: str, timeout: float | None = None, cwd: str | None = None,
+                   env: Mapping[str, str] | None = None, user: str | int | None = None,
+                   ) -> ExecResult:
+        if user not in (None, "root", 0, "0"):
+            raise UnsupportedEnvironment(
+                f"the local sandbox runs everything as root, not as {user!r}; use --sandbox docker")
+        return await self._exec(command, timeout, cwd, env, None, self.spec.max_output_bytes)
+
+    async def _exec(self, command: str, timeout: float | None, cwd: str | None,
+                    env: Mapping[str, str] | None, stdin: bytes | None,
+                    max_output: int) -> ExecResult:
+        limit = self._effective_timeout(timeout)
+        message = {"cmd": command, "cwd": cwd or self._plan.workdir, "env": dict(env or {}),
+                   "timeout": limit, "max_output": max_output,
+                   "stdin_b64": base64.b64encode(stdin).decode() if stdin is not None else None}
+        reply = await self._request(message, wait_s=limit + 10)
+        return ExecResult(exit_code=reply["exit_code"],
+                          stdout=base64.b64decode(reply["stdout_b64"]).decode(errors="replace"),
+                          stderr=base64.b64decode(reply["stderr_b64"]).decode(errors="replace"),
+                          timed_out=reply["timed_out"], duration_s=reply["duration_s"])
+
+    async def upload(self, local: Path, remote: str) -> None:
+        # Files go in through tar inside the sandbox, so the host never follows a sandbox symlink.
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as archive:
+            archive.add(local, arcname=os.path.basename(remote.rstrip("/")) or ".")
+        parent = os.path.dirname(remote.rstrip("/")) or "/"
+        result = await self._exec(
+            f"mkdir -p {shlex.quote(parent)} && tar -xf - -C {shlex.quote(parent)} --no-same-owner",
+            timeout=120, cwd="/", env=None, stdin=buffer.getvalue(), max_output=65536)
+        if not result.ok:
+            raise SandboxError(f"upload to {remote} failed: {result.stderr.strip()[-300:]}")
+
+    async def download(self, remote: str, local: Path) -> None:
+        parent, name = os.path.split(remote.rstrip("/"))
+        result = await self._exec(
+            f"set -o pipefail; tar -cf - -C {shlex.quote(parent or '/')} {shlex.quote(name)} "
+            "| base64 -w0",
+            timeout=120, cwd="/", env=None, stdin=None, max_output=TRANSFER_LIMIT)
+        if not result.ok or not result.stdout:
+            raise FileNotFoundError(f"{remote} in sandbox {self.spec.name}: "
+                                    f"{result.stderr.strip()[-300:]}")
+        with tarfile.open(fileobj=io.BytesIO(base64.b64decode(result.stdout)), mode="r") as tar:
+            member = tar.getmember(name)  # present: tar succeeded
+            if member.isdir():
+                local.mkdir(parents=True, exist_ok=True)
+                tar.extractall(local.parent / "._skyrl_tmp", filter="data")
+                shutil.copytree(local.parent / "._skyrl_tmp" / name, local, dirs_exist_ok=True)
+                shutil.rmtree(local.parent / "._skyrl_tmp")
+            else:
+                local.parent.mkdir(parents=True, exist_ok=True)
+                extracted = tar.extractfile(member)
+                local.write_bytes(extracted.read() if extracted else b"")
+
+    async def stop(self) -> None:
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+        self._kill("stopped")
+        if self._proc is not None:
+            await self._proc.wait()
+        if self._reader is not None:
+            await self._reader
+        if self._cgroup is not None:
+            await asyncio.to_thread(self._cgroup.remove)
+            self._cgroup = None
+        if self._dir is not None and self._dir.exists():
+            await asyncio.to_thread(_remove_tree, self._dir)

@@ -1,0 +1,89 @@
+"""One Harbor task directory, parsed with harbor's own models so any Harbor task loads the same."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from harbor.models.task.config import NetworkMode, TaskConfig
+from harbor.models.task.task import Task
+from pydantic import ValidationError
+
+from skyrl_agent.errors import TaskError
+
+DEFAULT_AGENT_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """A loaded task: what an environment needs to build a sandbox, instruct an agent and verify."""
+
+    name: str
+    """`[task] name` from task.toml, or the directory name."""
+    task_dir: Path
+    """Absolute path of the task directory."""
+    instruction: str
+    """instruction.md, given to the agent verbatim (canary lines stripped)."""
+    config: TaskConfig
+    """harbor's parsed task.toml."""
+
+    @property
+    def environment_dir(self) -> Path:
+        return self.task_dir / "environment"
+
+    @property
+    def dockerfile(self) -> Path:
+        return self.environment_dir / "Dockerfile"
+
+    @property
+    def tests_dir(self) -> Path:
+        return self.task_dir / "tests"
+
+    @property
+    def solution_dir(self) -> Path:
+        return self.task_dir / "solution"
+
+    @property
+    def agent_timeout_s(self) -> float:
+        return self.config.agent.timeout_sec or DEFAULT_AGENT_TIMEOUT_S
+
+    @property
+    def verifier_timeout_s(self) -> float:
+        return self.config.verifier.timeout_sec
+
+    @property
+    def network_allowed(self) -> bool:
+        """Network only when task.toml asks for it explicitly: harbor's default is public, ours none."""
+        env = self.config.environment
+        return "network_mode" in env.model_fields_set and env.network_mode == NetworkMode.PUBLIC
+
+
+def _validation_line(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"])
+    return f"{where}: {err['msg']}" if where else err["msg"]
+
+
+def load_task(path: Path | str) -> TaskSpec:
+    """Parse a task directory; any defect becomes a TaskError naming the file and the problem."""
+    task_dir = Path(path).resolve()
+    if not task_dir.is_dir():
+        raise TaskError(f"task directory not found: {path}")
+    if not (task_dir / "task.toml").is_file():
+        raise TaskError(f"not a Harbor task: {task_dir} has no task.toml")
+    try:
+        task = Task(task_dir)
+    except tomllib.TOMLDecodeError as exc:
+        raise TaskError(f"malformed task.toml in {task_dir}: {exc}") from None
+    except ValidationError as exc:
+        raise TaskError(f"invalid task.toml in {task_dir}: {_validation_line(exc)}") from None
+    except (OSError, ValueError) as exc:
+        raise TaskError(f"invalid task {task_dir}: {exc}") from None
+    if task.has_steps:
+        raise TaskError(f"multi-step tasks are not supported yet: {task_dir}")
+    spec = TaskSpec(name=task.name, task_dir=task_dir, instruction=task.instruction,
+                    config=task.config)
+    if not spec.dockerfile.is_file() and not task.config.environment.docker_image:
+        raise TaskError(f"task {task_dir} has neither environment/Dockerfile nor a docker_image")
+    return spec

@@ -1,0 +1,110 @@
+"""Task sources: where task directories come from.
+
+`path` (a task dir or a dir of them) and `bundled` (a set under the top-level `tasks/` folder) are
+built in; more sources (SWE-bench, ...) register under the entry-point group
+`skyrl_agent.task_sources` and are addressed as `NAME:ARG`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+import skyrl_agent
+from skyrl_agent import plugins
+from skyrl_agent.errors import TaskError
+from skyrl_agent.tasks.model import TaskSpec, load_task
+
+
+class TaskSource(ABC):
+    """Turns a reference string into task specs."""
+
+    @abstractmethod
+    def load(self, ref: str) -> list[TaskSpec]:
+        """The tasks `ref` names, in a stable order; raise TaskError when there are none."""
+
+
+def bundled_root() -> Path:
+    """The bundled task sets: inside an installed wheel, or the checkout's top-level tasks/."""
+    package_dir = Path(skyrl_agent.__file__).parent
+    installed = package_dir / "bundled_tasks"
+    return installed if installed.is_dir() else package_dir.parent / "tasks"
+
+
+def bundled_sets() -> list[str]:
+    root = bundled_root()
+    return sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+
+
+def _task_dirs(root: Path) -> list[Path]:
+    """Directories under root holding a task.toml, not descending into a task."""
+    if (root / "task.toml").is_file():
+        return [root]
+    found: list[Path] = []
+    for child in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        found.extend(_task_dirs(child))
+    return found
+
+
+class PathSource(TaskSource):
+    """A task directory, or a directory that holds task directories."""
+
+    def load(self, ref: str) -> list[TaskSpec]:
+        root = Path(ref)
+        if not root.is_dir():
+            raise TaskError(f"task path not found: {ref}")
+        dirs = _task_dirs(root)
+        if not dirs:
+            raise TaskError(f"no Harbor tasks (task.toml) under {ref}")
+        return [load_task(d) for d in dirs]
+
+
+class BundledSource(TaskSource):
+    """A task set shipped with skyrl-agent, by name."""
+
+    def load(self, ref: str) -> list[TaskSpec]:
+        if ref not in bundled_sets():
+            raise TaskError(f"unknown task set {ref!r} (bundled: {', '.join(bundled_sets())})")
+        return PathSource().load(str(bundled_root() / ref))
+
+
+def _source_for(ref: str) -> tuple[TaskSource, str]:
+    prefix, sep, rest = ref.partition(":")
+    if sep and prefix in plugins.available(plugins.TASK_SOURCES) and not Path(ref).exists():
+        return plugins.load(plugins.TASK_SOURCES, prefix)(), rest
+    if Path(ref).exists():
+        return PathSource(), ref
+    if ref in bundled_sets():
+        return BundledSource(), ref
+    sources = ", ".join(plugins.available(plugins.TASK_SOURCES))
+    raise TaskError(
+        f"unknown task set or path {ref!r} (bundled sets: {', '.join(bundled_sets())}; "
+        f"sources: {sources})"
+    )
+
+
+def resolve_tasks(ref: str, include: list[str] | None = None,
+                  limit: int | None = None) -> list[TaskSpec]:
+    """The tasks a reference names, filtered by substrings of their names and cut to `limit`."""
+    source, arg = _source_for(ref)
+    tasks = source.load(arg)
+    if include:
+        tasks = [t for t in tasks if any(s in t.name for s in include)]
+        if not tasks:
+            raise TaskError(f"no task in {ref!r} matches {include}")
+    return tasks[:limit] if limit else tasks
+
+
+def find_task(name: str) -> TaskSpec:
+    """One task by path, by `[task] name` (e.g. demo/hello-file) or by `SET/DIR` in a bundled set."""
+    if Path(name).is_dir():
+        return load_task(name)
+    for set_name in bundled_sets():
+        candidate = bundled_root() / set_name / name.removeprefix(f"{set_name}/")
+        if (candidate / "task.toml").is_file():
+            return load_task(candidate)
+    for set_name in bundled_sets():
+        for task in BundledSource().load(set_name):
+            if task.name == name:
+                return task
+    raise TaskError(f"no task named {name!r} (try `skyrl-agent tasks list`)")

@@ -1,0 +1,174 @@
+"""Data that crosses stages: every collector, store, trainer and evaluator speaks these types.
+
+All are frozen: a stage never edits what an earlier stage produced; it builds a new value.
+Token sequences are tuples of ints so that a recorded turn cannot change after the fact.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+
+class FinishReason(enum.StrEnum):
+    """Why a model call or a whole trajectory ended."""
+
+    STOP = "stop"
+    """The model emitted a stop token or stop string (a turn), or the agent declared it was done."""
+    LENGTH = "length"
+    """The turn hit `max_tokens`."""
+    CONTEXT_OVERFLOW = "context_overflow"
+    """The conversation no longer fits the context window, even after summarization."""
+    MAX_TURNS = "max_turns"
+    """The agent used up its turn budget."""
+    AGENT_TIMEOUT = "agent_timeout"
+    """The agent ran past its deadline."""
+    SANDBOX_ERROR = "sandbox_error"
+    """The sandbox failed to start or died under the agent."""
+    ERROR = "error"
+    """Any other failure (model server, agent crash); the trajectory's `mask_reason` says which."""
+    ABORTED = "aborted"
+    """A model call was aborted by the server (pause with mode=abort)."""
+
+
+def _frozen_mapping(values: Mapping[str, float]) -> Mapping[str, float]:
+    return MappingProxyType(dict(values))
+
+
+@dataclass(frozen=True)
+class Reward:
+    """The verifier's verdict on one trajectory."""
+
+    value: float
+    """The scalar used for training: reward.json's `reward` key, its only key, or the mean of its keys."""
+    components: Mapping[str, float] = field(default_factory=dict)
+    """Every number the verifier wrote (reward.json keys, or {"reward": x} for reward.txt)."""
+    reason: str | None = None
+    """Why the reward is 0 without the tests saying so (no reward file, garbled, timeout, ...)."""
+    verify_time_s: float = 0.0
+    """Wall time of the verification step."""
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.value):
+            raise ValueError(f"reward must be finite, got {self.value}")
+        object.__setattr__(self, "components", _frozen_mapping(self.components))
+
+    @classmethod
+    def failed(cls, reason: str, verify_time_s: float = 0.0) -> Reward:
+        """A zero reward that records why no real reward could be read."""
+        return cls(value=0.0, components={}, reason=reason, verify_time_s=verify_time_s)
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One model call, recorded token-exactly: the ids the model saw and the ids it sampled."""
+
+    prompt_ids: tuple[int, ...]
+    """The full prompt, as token ids, exactly as sent to the server."""
+    completion_ids: tuple[int, ...]
+    """The ids the model sampled, as the server returned them (never re-tokenized)."""
+    completion_logprobs: tuple[float, ...]
+    """Log-probability of each sampled id under the sampling policy; same length as completion_ids."""
+    loss_mask: tuple[int, ...]
+    """1 for tokens trained on (sampled tokens), 0 for the rest; same length as completion_ids."""
+    policy_version: int
+    """Version of the weights that sampled this turn (for staleness and off-policy correction)."""
+    finish_reason: FinishReason
+    """Why the call ended: stop, length or aborted."""
+    started_at: float = 0.0
+    """Unix time when the request was sent."""
+    latency_s: float = 0.0
+    """Seconds from request to last token."""
+    routed_experts: tuple[tuple[int, ...], ...] | None = None
+    """For MoE models with routing replay (R3): the experts chosen per sampled token."""
+
+    def __post_init__(self) -> None:
+        n = len(self.completion_ids)
+        if len(self.completion_logprobs) != n or len(self.loss_mask) != n:
+            raise ValueError(
+                f"turn has {n} completion ids but {len(self.completion_logprobs)} logprobs "
+                f"and {len(self.loss_mask)} mask entries"
+            )
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Turns that share one growing token sequence.
+
+    Turn k+1's prompt extends turn k's prompt + completion. A new segment starts when history is
+    rewritten (self-summarization), so each segment is one training sequence.
+    """
+
+    turns: tuple[Turn, ...]
+    """The model calls of this segment, in order."""
+    summary_turn_index: int | None = None
+    """Index of the turn that produced the summary closing this segment, if it was summarized."""
+
+    def is_token_consistent(self) -> bool:
+        """True when every turn's prompt extends the previous prompt + completion."""
+        for prev, cur in zip(self.turns, self.turns[1:]):
+            history = prev.prompt_ids + prev.completion_ids
+            if cur.prompt_ids[: len(history)] != history:
+                return False
+        return True
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """One agent run on one task: its token-level turns, its reward and how it ended."""
+
+    task_id: str
+    """The task's name (e.g. `demo/hello-file`)."""
+    sample_index: int
+    """Which of the n samples of this task in its group."""
+    agent: str
+    """The agent's registered name."""
+    segments: tuple[Segment, ...]
+    """Token sequences; more than one when the context was summarized."""
+    reward: Reward
+    """The verifier's verdict."""
+    finish_reason: FinishReason
+    """How the run ended."""
+    masked: bool = False
+    """True when the trajectory must not contribute to the loss (infra failure, timeout, ...)."""
+    mask_reason: str | None = None
+    """Why it is masked."""
+    sandbox_time_s: float = 0.0
+    """Seconds to start the sandbox."""
+    agent_time_s: float = 0.0
+    """Seconds the agent ran."""
+    verify_time_s: float = 0.0
+    """Seconds verification took."""
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    """Free-form numeric metrics (turns, summaries, drift_tokens, parse errors, ...)."""
+
+    def __post_init__(self) -> None:
+        if self.masked and not self.mask_reason:
+            raise ValueError("a masked trajectory needs a mask_reason")
+        object.__setattr__(self, "metrics", _frozen_mapping(self.metrics))
+
+    @property
+    def num_turns(self) -> int:
+        return sum(len(s.turns) for s in self.segments)
+
+
+@dataclass(frozen=True)
+class TrajectoryGroup:
+    """The n samples of one task; group-relative advantages (GRPO, RLOO) are computed within it."""
+
+    task_id: str
+    """The task all samples ran on."""
+    trajectories: tuple[Trajectory, ...]
+    """The samples, ordered by sample_index."""
+
+    def __post_init__(self) -> None:
+        others = {t.task_id for t in self.trajectories} - {self.task_id}
+        if others:
+            raise ValueError(f"group {self.task_id} holds trajectories of {sorted(others)}")
+
+    @property
+    def rewards(self) -> tuple[float, ...]:
+        return tuple(t.reward.value for t in self.trajectories)

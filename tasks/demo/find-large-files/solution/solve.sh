@@ -1,0 +1,4 @@
+#!/bin/bash
+set -euo pipefail
+cd /app/files
+find . -type f -size +1024c | sed 's|^\./||' | LC_ALL=C sort > /app/large_files.txt

@@ -1,0 +1,3 @@
+#!/bin/bash
+set -euo pipefail
+wc -w < /app/story.txt | tr -d ' ' > /app/word_count.txt

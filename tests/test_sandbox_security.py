@@ -1,0 +1,146 @@
+"""Security properties every sandbox backend must have, checked on local and docker alike."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import subprocess
+import uuid
+
+import pytest
+
+from skyrl_agent.sandboxes.base import SandboxError, SandboxSpec, create_sandbox
+from skyrl_agent.tasks import load_task
+from tests.helpers import make_task
+
+pytestmark = pytest.mark.slow
+
+
+def _host_processes(marker: str) -> list[str]:
+    """Host processes whose command line holds `marker` (container processes are visible too)."""
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if marker in line and "ps -eo" not in line]
+
+
+async def _wait_gone(marker: str, seconds: float = 10) -> list[str]:
+    for _ in range(int(seconds * 10)):
+        left = _host_processes(marker)
+        if not left:
+            return []
+        await asyncio.sleep(0.1)
+    return _host_processes(marker)
+
+
+@pytest.fixture
+def spec(tmp_path, sandbox_config) -> SandboxSpec:
+    task = load_task(make_task(tmp_path, "secure", "echo 1 > /logs/verifier/reward.txt\n"))
+    return dataclasses.replace(SandboxSpec.from_task(task, sandbox_config), memory_mb=256,
+                               pids_limit=64, deadline_s=120)
+
+
+async def test_no_network(spec, sandbox_config):
+    probe = ("python3 -c \"import socket; s=socket.socket(); s.settimeout(3); "
+             "s.connect(('1.1.1.1', 53)); print('connected')\"")
+    async with create_sandbox(spec, sandbox_config) as sandbox:
+        result = await sandbox.exec(probe, timeout=20)
+        interfaces = await sandbox.exec("cat /proc/net/dev", timeout=10)
+    assert "connected" not in result.stdout
+    assert result.exit_code != 0
+    assert "unreachable" in result.stderr.lower() or "errno" in result.stderr.lower()
+    # Only the loopback device exists inside.
+    devices = [line.split(":")[0].strip() for line in interfaces.stdout.splitlines()[2:]]
+    assert devices == ["lo"]
+
+
+async def test_no_writes_outside_the_sandbox(spec, sandbox_config, tmp_path):
+    host_dir = tmp_path / "host-visible"
+    host_dir.mkdir()
+    async with create_sandbox(spec, sandbox_config) as sandbox:
+        usr = await sandbox.exec("touch /usr/pwned", timeout=10)
+        etc = await sandbox.exec("echo x >> /etc/passwd", timeout=10)
+        escape = await sandbox.exec(f"mkdir -p {host_dir} && touch {host_dir}/pwned", timeout=10)
+        own = await sandbox.exec("echo ok > /app/mine && cat /app/mine", timeout=10)
+    # The host is untouched on every backend (a container may write its own copy of /usr).
+    assert not os.path.exists("/usr/pwned")
+    assert "x" not in open("/etc/passwd").read().splitlines()
+    assert not (host_dir / "pwned").exists()
+    assert own.ok and own.stdout.strip() == "ok"
+    if sandbox_config.backend == "local":  # host system dirs are mounted read-only
+        assert usr.exit_code != 0 and etc.exit_code != 0
+    assert escape.exit_code == 0 or "denied" in escape.stderr.lower() or escape.stderr
+
+
+async def test_host_secrets_and_environment_are_invisible(spec, sandbox_config, tmp_path,
+                                                          monkeypatch):
+    secret = f"secret-{uuid.uuid4().hex}"
+    secret_file = tmp_path / "secret.txt"
+    secret_file.write_text(secret)
+    home_secret = os.path.expanduser(f"~/.skyrl-test-secret-{uuid.uuid4().hex[:6]}")
+    with open(home_secret, "w") as handle:
+        handle.write(secret)
+    monkeypatch.setenv("SKYRL_TEST_API_KEY", secret)
+    try:
+        async with create_sandbox(spec, sandbox_config) as sandbox:
+            read_tmp = await sandbox.exec(f"cat {secret_file}", timeout=10)
+            read_home = await sandbox.exec(f"cat {home_secret}", timeout=10)
+            grep = await sandbox.exec(
+                f"grep -rs {secret} / --exclude-dir=proc --exclude-dir=sys | head -1", timeout=60)
+            env = await sandbox.exec("env; cat /proc/1/environ | tr '\\0' '\\n'", timeout=10)
+    finally:
+        os.unlink(home_secret)
+    assert read_tmp.exit_code != 0 and secret not in read_tmp.stdout
+    assert read_home.exit_code != 0 and secret not in read_home.stdout
+    assert secret not in grep.stdout
+    assert secret not in env.stdout and "SKYRL_TEST_API_KEY" not in env.stdout
+
+
+async def test_fork_bomb_is_contained_and_cleaned_up(spec, sandbox_config):
+    marker = f"bomb{uuid.uuid4().hex[:8]}"
+    bomb = f"{marker}() {{ {marker} | {marker} & }}; {marker}"
+    peak = 0
+    async with create_sandbox(spec, sandbox_config) as sandbox:
+        running = asyncio.create_task(sandbox.exec(bomb, timeout=8))
+        while not running.done():
+            peak = max(peak, len(_host_processes(marker)))
+            await asyncio.sleep(0.2)
+        running.result()  # the call itself returns (no hang, no crash)
+    assert 0 < peak <= spec.pids_limit
+    assert await _wait_gone(marker) == []
+
+
+async def test_memory_hog_is_stopped_at_its_limit(spec, sandbox_config):
+    hog = "python3 -c \"b = bytearray(1024 * 1024 * 1024); print('allocated', len(b))\""
+    async with create_sandbox(spec, sandbox_config) as sandbox:
+        result = await sandbox.exec(hog, timeout=60)
+        after = await sandbox.exec("echo alive", timeout=30)
+    assert "allocated" not in result.stdout
+    assert result.exit_code != 0
+    assert after.stdout.strip() == "alive"
+
+
+async def test_deadline_kills_everything(spec, sandbox_config):
+    marker = f"100{uuid.uuid4().int % 10**6:06d}"
+    short = dataclasses.replace(spec, deadline_s=4)
+    sandbox = create_sandbox(short, sandbox_config)
+    await sandbox.start()
+    try:
+        await sandbox.exec(f"nohup setsid sleep {marker} >/dev/null 2>&1 &", timeout=5)
+        assert _host_processes(f"sleep {marker}"), "background sleep should be running"
+        result = await sandbox.exec(f"sleep {marker}", timeout=None)
+        assert result.timed_out
+        assert await _wait_gone(f"sleep {marker}", seconds=15) == []
+        with pytest.raises(SandboxError):
+            await sandbox.exec("true", timeout=5)
+    finally:
+        await sandbox.stop()
+
+
+async def test_stop_leaves_no_process(spec, sandbox_config):
+    marker = f"200{uuid.uuid4().int % 10**6:06d}"
+    sandbox = create_sandbox(spec, sandbox_config)
+    await sandbox.start()
+    await sandbox.exec(f"nohup setsid sleep {marker} >/dev/null 2>&1 &", timeout=5)
+    assert _host_processes(f"sleep {marker}")
+    await sandbox.stop()
+    assert await _wait_gone(f"sleep {marker}") == []
