@@ -6,6 +6,7 @@ so there is one lookup path and no special case for our own implementations.
 
 from __future__ import annotations
 
+import functools
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
@@ -19,8 +20,15 @@ TRAINERS = "skyrl_agent.trainers"
 _KIND = {AGENTS: "agent", SANDBOXES: "sandbox", TASK_SOURCES: "task source", TRAINERS: "trainer"}
 
 
+@functools.cache
 def _entries(group: str) -> dict[str, EntryPoint]:
+    # Scanning installed distributions takes tens of ms: once per process (see refresh()).
     return {ep.name: ep for ep in entry_points(group=group)}
+
+
+def refresh() -> None:
+    """Forget cached entry points (after installing a plug-in into the running interpreter)."""
+    _entries.cache_clear()
 
 
 def available(group: str) -> list[str]:

@@ -86,7 +86,7 @@ class Cgroup:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-            time.sleep(0.01)
+            time.sleep(0.002)
 
     def remove(self) -> None:
         self.kill_all()

@@ -1,17 +1,16 @@
 """The process that lives inside a local (bubblewrap) sandbox and runs commands on request.
 
 Runs with the system python3 of the sandbox (stdlib only, any Python >= 3.8): it must not import
-skyrl_agent. It reads one JSON request per line on stdin and writes one JSON reply per line on
-stdout, so every command of a sandbox shares one PID namespace (background processes such as a
+skyrl_agent. It reads framed requests on stdin and writes framed replies on stdout (a 4-byte
+big-endian length, then a `marshal`-encoded dict: built in, so start-up stays fast), so every command of a sandbox shares one PID namespace (background processes such as a
 tmux server survive between commands, as in a container). It exits at its deadline (SIGALRM) or
 when stdin closes; bubblewrap then tears the namespace down and every process in it dies.
 
-Request: {"id", "cmd", "cwd", "env", "timeout", "stdin_b64", "max_output"}
-Reply:   {"id", "exit_code", "stdout_b64", "stderr_b64", "timed_out", "duration_s"}
+Request: {"id", "cmd", "cwd", "env", "timeout", "stdin", "max_output"}
+Reply:   {"id", "exit_code", "stdout", "stderr", "timed_out", "duration_s"}  (stdout/err: bytes)
 """
 
-import base64
-import json
+import marshal
 import os
 import signal
 import subprocess
@@ -23,10 +22,17 @@ _write_lock = threading.Lock()
 
 
 def reply(message):
-    line = json.dumps(message) + "\n"
+    payload = marshal.dumps(message, 4)
     with _write_lock:
-        sys.stdout.write(line)
-        sys.stdout.flush()
+        sys.stdout.buffer.write(len(payload).to_bytes(4, "big") + payload)
+        sys.stdout.buffer.flush()
+
+
+def read_request(stream):
+    header = stream.read(4)
+    if len(header) < 4:
+        return None
+    return marshal.loads(stream.read(int.from_bytes(header, "big")))
 
 
 class CappedReader(threading.Thread):
@@ -60,15 +66,14 @@ def run(request, base_env):
     env = dict(base_env)
     env.update(request.get("env") or {})
     limit = int(request.get("max_output") or 1000000)
-    stdin_data = base64.b64decode(request["stdin_b64"]) if request.get("stdin_b64") else None
+    stdin_data = request.get("stdin")
     try:
         proc = subprocess.Popen(
             ["/bin/bash", "-c", request["cmd"]], cwd=request.get("cwd") or None, env=env,
             stdin=subprocess.PIPE if stdin_data is not None else subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     except OSError as exc:
-        reply({"id": request["id"], "exit_code": 127, "stdout_b64": "",
-               "stderr_b64": base64.b64encode(str(exc).encode()).decode(),
+        reply({"id": request["id"], "exit_code": 127, "stdout": b"", "stderr": str(exc).encode(),
                "timed_out": False, "duration_s": time.monotonic() - started})
         return
     readers = [CappedReader(proc.stdout, limit), CappedReader(proc.stderr, limit)]
@@ -96,8 +101,7 @@ def run(request, base_env):
         for reader in readers:
             reader.join(2)  # a process that left the group may still hold a pipe
     reply({"id": request["id"], "exit_code": -1 if timed_out else exit_code,
-           "stdout_b64": base64.b64encode(readers[0].value()).decode(),
-           "stderr_b64": base64.b64encode(readers[1].value()).decode(),
+           "stdout": readers[0].value(), "stderr": readers[1].value(),
            "timed_out": timed_out, "duration_s": time.monotonic() - started})
 
 
@@ -124,15 +128,15 @@ def main():
     signal.alarm(max(1, int(deadline_s + 0.999)))  # default SIGALRM action ends this process
     base_env = dict(os.environ)
     reply({"ready": True, "pid": os.getpid()})
-    for line in sys.stdin:
-        if line.strip():
-            request = json.loads(line)
-            try:
-                threading.Thread(target=run, args=(request, base_env), daemon=True).start()
-            except RuntimeError as exc:  # no thread: the sandbox is out of processes
-                reply({"id": request["id"], "exit_code": 126, "stdout_b64": "",
-                       "stderr_b64": base64.b64encode(str(exc).encode()).decode(),
-                       "timed_out": False, "duration_s": 0.0})
+    while True:
+        request = read_request(sys.stdin.buffer)
+        if request is None:
+            return
+        try:
+            threading.Thread(target=run, args=(request, base_env), daemon=True).start()
+        except RuntimeError as exc:  # no thread: the sandbox is out of processes
+            reply({"id": request["id"], "exit_code": 126, "stdout": b"",
+                   "stderr": str(exc).encode(), "timed_out": False, "duration_s": 0.0})
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import asyncio
 import base64
 import io
 import itertools
-import json
+import marshal
 import os
 import shlex
 import shutil
@@ -170,7 +170,7 @@ class LocalSandbox(Sandbox):
         return args
 
     def _command(self, plan: LocalPlan) -> list[str]:
-        server = ["/usr/bin/python3", "-I", "-c", SERVER_SOURCE, str(self.spec.deadline_s)]
+        server = ["/usr/bin/python3", "-I", "-S", "-c", SERVER_SOURCE, str(self.spec.deadline_s)]
         command = self._bwrap_args(plan) + ["--", *server]
         if os.geteuid() == 0:
             command = ["setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}",
@@ -186,21 +186,28 @@ class LocalSandbox(Sandbox):
     async def _wait_ready(self) -> dict:
         assert self._proc is not None and self._proc.stdout is not None
         try:
-            line = await asyncio.wait_for(self._proc.stdout.readline(), timeout=30)
+            ready = await asyncio.wait_for(self._read_frame(), timeout=30)
         except TimeoutError:
-            line = b""
-        if not line:
+            ready = None
+        if ready is None:
             if self._proc.returncode is None:
                 self._proc.kill()
             stderr = (await self._proc.stderr.read()).decode(errors="replace").strip()
             raise SandboxError(f"local sandbox for {self.spec.name} did not start: "
                                f"{stderr.splitlines()[-1] if stderr else 'no output'}")
-        return json.loads(line)
+        return ready
+
+    async def _read_frame(self) -> dict | None:
+        """One reply from the exec server (see exec_server.py for the framing), None at EOF."""
+        assert self._proc is not None and self._proc.stdout is not None
+        try:
+            header = await self._proc.stdout.readexactly(4)
+            return marshal.loads(await self._proc.stdout.readexactly(int.from_bytes(header, "big")))
+        except asyncio.IncompleteReadError:
+            return None
 
     async def _read_replies(self) -> None:
-        assert self._proc is not None and self._proc.stdout is not None
-        while line := await self._proc.stdout.readline():
-            reply = json.loads(line)
+        while (reply := await self._read_frame()) is not None:
             future = self._pending.pop(reply.get("id"), None)
             if future is not None and not future.done():
                 future.set_result(reply)
@@ -226,7 +233,8 @@ class LocalSandbox(Sandbox):
         future = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
         assert self._proc.stdin is not None
-        self._proc.stdin.write((json.dumps({"id": request_id, **message}) + "\n").encode())
+        payload = marshal.dumps({"id": request_id, **message}, 4)
+        self._proc.stdin.write(len(payload).to_bytes(4, "big") + payload)
         await self._proc.stdin.drain()
         try:
             return await asyncio.wait_for(future, timeout=wait_s)
@@ -247,12 +255,11 @@ class LocalSandbox(Sandbox):
                     max_output: int) -> ExecResult:
         limit = self._effective_timeout(timeout)
         message = {"cmd": command, "cwd": cwd or self._plan.workdir, "env": dict(env or {}),
-                   "timeout": limit, "max_output": max_output,
-                   "stdin_b64": base64.b64encode(stdin).decode() if stdin is not None else None}
+                   "timeout": limit, "max_output": max_output, "stdin": stdin}
         reply = await self._request(message, wait_s=limit + 10)
         return ExecResult(exit_code=reply["exit_code"],
-                          stdout=base64.b64decode(reply["stdout_b64"]).decode(errors="replace"),
-                          stderr=base64.b64decode(reply["stderr_b64"]).decode(errors="replace"),
+                          stdout=reply["stdout"].decode(errors="replace"),
+                          stderr=reply["stderr"].decode(errors="replace"),
                           timed_out=reply["timed_out"], duration_s=reply["duration_s"])
 
     async def upload(self, local: Path, remote: str) -> None:

@@ -1,0 +1,43 @@
+"""The warm pool hands out started, pristine sandboxes and refills itself."""
+
+from __future__ import annotations
+
+import asyncio
+
+from skyrl_agent.config import SandboxConfig
+from skyrl_agent.sandboxes.base import SandboxSpec
+from skyrl_agent.sandboxes.pool import SandboxPool
+from skyrl_agent.tasks import find_task
+
+
+async def test_pool_hits_refills_and_closes(backend):
+    config = SandboxConfig(backend=backend, warm_pool=2)
+    spec = SandboxSpec.from_task(find_task("demo/word-count"), config)
+    pool = SandboxPool(config, size=2)
+    await pool.warm(spec)
+    first = await pool.acquire(spec)
+    assert pool.hits == 1 and pool.misses == 0
+    result = await first.exec("cat /app/story.txt | wc -w && touch /app/used", timeout=30)
+    assert result.ok and int(result.stdout) > 0
+    second = await pool.acquire(spec)
+    fresh = await second.exec("test -e /app/used && echo dirty || echo clean", timeout=30)
+    assert fresh.stdout.strip() == "clean"  # never a sandbox someone already used
+    for _ in range(100):  # refill runs in the background
+        if len(pool._idle[spec.environment_key()]) == 2:
+            break
+        await asyncio.sleep(0.1)
+    assert len(pool._idle[spec.environment_key()]) == 2
+    idle = [s for s, _ in pool._idle[spec.environment_key()]]
+    await pool.close()
+    await first.stop()
+    await second.stop()
+    for sandbox in idle:
+        assert (await _is_stopped(sandbox))
+
+
+async def _is_stopped(sandbox) -> bool:
+    try:
+        await sandbox.exec("true", timeout=5)
+    except Exception:  # noqa: BLE001 - any failure means it no longer runs commands
+        return True
+    return False
