@@ -109,7 +109,7 @@ class Segment:
 
     def is_token_consistent(self) -> bool:
         """True when every turn's prompt extends the previous prompt + completion."""
-        for prev, cur in zip(self.turns, self.turns[1:]):
+        for prev, cur in zip(self.turns, self.turns[1:], strict=False):
             history = prev.prompt_ids + prev.completion_ids
             if cur.prompt_ids[: len(history)] != history:
                 return False

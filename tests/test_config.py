@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
 from skyrl_agent.config import RunConfig, load_config
 from skyrl_agent.errors import ConfigError
@@ -49,7 +50,7 @@ def test_rejections_are_one_line(overrides, message):
 
 def test_configs_are_frozen():
     config = load_config()
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError, match="frozen"):
         config.sandbox.backend = "docker"
 
 

@@ -92,7 +92,7 @@ class DockerSandbox(Sandbox):
         if self.spec.dockerfile is None:
             if not self.spec.docker_image:
                 raise UnsupportedEnvironment(f"task {self.spec.name} has no Dockerfile or image")
-            return self._mapped_base(self.spec.docker_image)
+            return await asyncio.to_thread(self._mapped_base, self.spec.docker_image)
         tag = f"{IMAGE_REPO}:{self.spec.environment_key()[:16]}"
         lock = _build_locks.setdefault(tag, asyncio.Lock())
         async with lock:
@@ -132,7 +132,7 @@ class DockerSandbox(Sandbox):
                                           timeout=self.config.docker.build_timeout_s)
             except docker.errors.BuildError as exc:
                 log = "".join(str(c.get("stream", "")) for c in exc.build_log)[-800:]
-                raise SandboxError(f"image build for {self.spec.name} failed: {exc.msg}\n{log}")
+                raise SandboxError(f"image build for {self.spec.name} failed: {exc.msg}\n{log}") from None
 
     # ---- commands and files -------------------------------------------------------------------
     async def exec(self, command: str, timeout: float | None = None, cwd: str | None = None,
