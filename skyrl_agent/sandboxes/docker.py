@@ -11,18 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
 import os
 import re
 import shlex
 import shutil
-import tarfile
 import tempfile
 import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
+from skyrl_agent.sandboxes.archive import pack, unpack
 from skyrl_agent.sandboxes.base import ExecResult, Sandbox, SandboxError, UnsupportedEnvironment
 
 IMAGE_REPO = "skyrl-agent-task"
@@ -166,14 +165,11 @@ class DockerSandbox(Sandbox):
         return result.exit_code, result.output
 
     async def upload(self, local: Path, remote: str) -> None:
-        buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w") as archive:
-            archive.add(local, arcname=os.path.basename(remote.rstrip("/")))
         parent = os.path.dirname(remote.rstrip("/")) or "/"
         made = await self.exec(f"mkdir -p {shlex.quote(parent)}", timeout=60)
         if not made.ok:
             raise SandboxError(f"upload to {remote} failed: {made.stderr.strip()}")
-        await asyncio.to_thread(self.container.put_archive, parent, buffer.getvalue())
+        await asyncio.to_thread(self.container.put_archive, parent, pack(local, remote))
 
     async def download(self, remote: str, local: Path) -> None:
         import docker
@@ -182,16 +178,8 @@ class DockerSandbox(Sandbox):
             data = await asyncio.to_thread(lambda: b"".join(stream))
         except docker.errors.NotFound:
             raise FileNotFoundError(f"{remote} in sandbox {self.spec.name}") from None
-        name = os.path.basename(remote.rstrip("/"))
-        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-            member = tar.getmember(name)  # the engine names the archive's top entry after it
-            if member.isfile():
-                local.parent.mkdir(parents=True, exist_ok=True)
-                local.write_bytes(tar.extractfile(member).read())
-                return
-            with tempfile.TemporaryDirectory() as scratch:
-                tar.extractall(scratch, filter="data")
-                shutil.copytree(Path(scratch) / name, local, dirs_exist_ok=True)
+        # The engine names the archive's top entry after the path's base name.
+        unpack(data, os.path.basename(remote.rstrip("/")), local)
 
     async def stop(self) -> None:
         if self.container is None:

@@ -13,19 +13,18 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import io
 import itertools
 import marshal
 import os
 import shlex
 import shutil
-import tarfile
 import tempfile
 import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
+from skyrl_agent.sandboxes.archive import pack, unpack
 from skyrl_agent.sandboxes.base import ExecResult, Sandbox, SandboxError, UnsupportedEnvironment
 from skyrl_agent.sandboxes.cgroups import Cgroup, cgroups_available
 from skyrl_agent.sandboxes.local_plan import LocalPlan, plan_local
@@ -264,13 +263,10 @@ class LocalSandbox(Sandbox):
 
     async def upload(self, local: Path, remote: str) -> None:
         # Files go in through tar inside the sandbox, so the host never follows a sandbox symlink.
-        buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w") as archive:
-            archive.add(local, arcname=os.path.basename(remote.rstrip("/")) or ".")
         parent = os.path.dirname(remote.rstrip("/")) or "/"
         result = await self._exec(
             f"mkdir -p {shlex.quote(parent)} && tar -xf - -C {shlex.quote(parent)} --no-same-owner",
-            timeout=120, cwd="/", env=None, stdin=buffer.getvalue(), max_output=65536)
+            timeout=120, cwd="/", env=None, stdin=pack(local, remote), max_output=65536)
         if not result.ok:
             raise SandboxError(f"upload to {remote} failed: {result.stderr.strip()[-300:]}")
 
@@ -283,17 +279,7 @@ class LocalSandbox(Sandbox):
         if not result.ok or not result.stdout:
             raise FileNotFoundError(f"{remote} in sandbox {self.spec.name}: "
                                     f"{result.stderr.strip()[-300:]}")
-        with tarfile.open(fileobj=io.BytesIO(base64.b64decode(result.stdout)), mode="r") as tar:
-            member = tar.getmember(name)  # present: tar succeeded
-            if member.isdir():
-                local.mkdir(parents=True, exist_ok=True)
-                tar.extractall(local.parent / "._skyrl_tmp", filter="data")
-                shutil.copytree(local.parent / "._skyrl_tmp" / name, local, dirs_exist_ok=True)
-                shutil.rmtree(local.parent / "._skyrl_tmp")
-            else:
-                local.parent.mkdir(parents=True, exist_ok=True)
-                extracted = tar.extractfile(member)
-                local.write_bytes(extracted.read() if extracted else b"")
+        unpack(base64.b64decode(result.stdout), name, local)
 
     async def stop(self) -> None:
         if self._deadline_timer is not None:
