@@ -147,3 +147,32 @@ async def test_stop_leaves_no_process(spec, sandbox_config):
     assert _host_processes(f"sleep {marker}")
     await sandbox.stop()
     assert await _wait_gone(f"sleep {marker}") == []
+
+
+
+@pytest.mark.parametrize("garbage", [
+    b"1 0 0 0.1 99999999999999 0\n",           # absurd length
+    b"\x80\x04\x95 not a header at all\n",     # binary junk (e.g. a pickle/marshal payload)
+    b"1 0 0 zero 0 0\n",                        # a field that is not a number
+])
+async def test_forged_exec_replies_end_the_sandbox_not_the_host(garbage):
+    # Whatever writes to the exec server's reply pipe must not make the host parse objects:
+    # a malformed reply marks the sandbox dead, and callers get a SandboxError.
+    from skyrl_agent.sandboxes.local import LocalSandbox
+
+    class FakeProcess:
+        returncode = None
+        stdout = asyncio.StreamReader()
+
+        def kill(self):
+            self.returncode = -9
+
+    sandbox = LocalSandbox(SandboxSpec(name="forged", environment_dir=None))
+    sandbox._proc = FakeProcess()
+    sandbox._proc.stdout.feed_data(garbage)
+    sandbox._proc.stdout.feed_eof()
+    pending = asyncio.get_running_loop().create_future()
+    sandbox._pending[1] = pending
+    await sandbox._read_replies()
+    with pytest.raises(SandboxError, match="malformed reply"):
+        pending.result()

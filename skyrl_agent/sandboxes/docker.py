@@ -131,7 +131,8 @@ class DockerSandbox(Sandbox):
                                           timeout=self.config.docker.build_timeout_s)
             except docker.errors.BuildError as exc:
                 log = "".join(str(c.get("stream", "")) for c in exc.build_log)[-800:]
-                raise SandboxError(f"image build for {self.spec.name} failed: {exc.msg}\n{log}") from None
+                raise SandboxError(
+                    f"image build for {self.spec.name} failed: {exc.msg}\n{log}") from None
 
     # ---- commands and files -------------------------------------------------------------------
     async def exec(self, command: str, timeout: float | None = None, cwd: str | None = None,

@@ -1,13 +1,17 @@
 """The process that lives inside a local (bubblewrap) sandbox and runs commands on request.
 
 Runs with the system python3 of the sandbox (stdlib only, any Python >= 3.8): it must not import
-skyrl_agent. It reads framed requests on stdin and writes framed replies on stdout (a 4-byte
-big-endian length, then a `marshal`-encoded dict: built in, so start-up stays fast), so every command of a sandbox shares one PID namespace (background processes such as a
-tmux server survive between commands, as in a container). It exits at its deadline (SIGALRM) or
-when stdin closes; bubblewrap then tears the namespace down and every process in it dies.
+skyrl_agent. Every command of a sandbox runs through this one process, so all share one PID
+namespace (background processes such as a tmux server survive between commands, as in a
+container). It exits at its deadline (SIGALRM) or when stdin closes; bubblewrap then tears the
+namespace down and every process in it dies.
 
-Request: {"id", "cmd", "cwd", "env", "timeout", "stdin", "max_output"}
-Reply:   {"id", "exit_code", "stdout", "stderr", "timed_out", "duration_s"}  (stdout/err: bytes)
+Host -> server: a 4-byte big-endian length, then a `marshal`-encoded dict
+  {"id", "cmd", "cwd", "env", "timeout", "stdin", "max_output"}  (marshal is built in: fast start).
+Server -> host: first the line `ready <pid>`, then per reply the line
+  `<id> <exit_code> <timed_out 0|1> <duration_s> <stdout bytes> <stderr bytes>` followed by the
+  raw stdout and stderr. Plain text and lengths only: anything in the sandbox could write to this
+  pipe, so the host must never unmarshal what comes back.
 """
 
 import marshal
@@ -21,10 +25,11 @@ import time
 _write_lock = threading.Lock()
 
 
-def reply(message):
-    payload = marshal.dumps(message, 4)
+def reply(request_id, exit_code, timed_out, duration_s, stdout=b"", stderr=b""):
+    header = b"%d %d %d %.6f %d %d\n" % (request_id, exit_code, 1 if timed_out else 0,
+                                         duration_s, len(stdout), len(stderr))
     with _write_lock:
-        sys.stdout.buffer.write(len(payload).to_bytes(4, "big") + payload)
+        sys.stdout.buffer.write(header + stdout + stderr)
         sys.stdout.buffer.flush()
 
 
@@ -73,8 +78,7 @@ def run(request, base_env):
             stdin=subprocess.PIPE if stdin_data is not None else subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     except OSError as exc:
-        reply({"id": request["id"], "exit_code": 127, "stdout": b"", "stderr": str(exc).encode(),
-               "timed_out": False, "duration_s": time.monotonic() - started})
+        reply(request["id"], 127, False, time.monotonic() - started, stderr=str(exc).encode())
         return
     readers = [CappedReader(proc.stdout, limit), CappedReader(proc.stderr, limit)]
     for reader in readers:
@@ -100,9 +104,8 @@ def run(request, base_env):
         proc.wait()
         for reader in readers:
             reader.join(2)  # a process that left the group may still hold a pipe
-    reply({"id": request["id"], "exit_code": -1 if timed_out else exit_code,
-           "stdout": readers[0].value(), "stderr": readers[1].value(),
-           "timed_out": timed_out, "duration_s": time.monotonic() - started})
+    reply(request["id"], -1 if timed_out else exit_code, timed_out, time.monotonic() - started,
+          readers[0].value(), readers[1].value())
 
 
 def _feed(pipe, data):
@@ -127,7 +130,8 @@ def main():
     deadline_s = float(sys.argv[1])
     signal.alarm(max(1, int(deadline_s + 0.999)))  # default SIGALRM action ends this process
     base_env = dict(os.environ)
-    reply({"ready": True, "pid": os.getpid()})
+    sys.stdout.buffer.write(b"ready %d\n" % os.getpid())
+    sys.stdout.buffer.flush()
     while True:
         request = read_request(sys.stdin.buffer)
         if request is None:
@@ -135,8 +139,7 @@ def main():
         try:
             threading.Thread(target=run, args=(request, base_env), daemon=True).start()
         except RuntimeError as exc:  # no thread: the sandbox is out of processes
-            reply({"id": request["id"], "exit_code": 126, "stdout": b"",
-                   "stderr": str(exc).encode(), "timed_out": False, "duration_s": 0.0})
+            reply(request["id"], 126, False, 0.0, stderr=str(exc).encode())
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ kills every process the sandbox started.
 from __future__ import annotations
 
 import asyncio
-import base64
 import itertools
 import marshal
 import os
@@ -21,6 +20,7 @@ import shutil
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -31,6 +31,7 @@ from skyrl_agent.sandboxes.local_plan import LocalPlan, plan_local
 
 SANDBOX_UID = 65534  # host uid that sandbox root maps to when skyrl-agent runs as root
 SERVER_SOURCE = (Path(__file__).parent / "exec_server.py").read_text()
+SERVER_PATH = Path("/.skyrl/exec_server.py")  # where the sandbox sees it
 ETC_ENTRIES = ("passwd", "group", "hosts", "nsswitch.conf", "host.conf", "ld.so.cache",
                "ld.so.conf", "ld.so.conf.d", "alternatives", "ssl", "ca-certificates",
                "ca-certificates.conf", "localtime", "timezone", "profile", "profile.d",
@@ -40,6 +41,19 @@ ETC_ENTRIES = ("passwd", "group", "hosts", "nsswitch.conf", "host.conf", "ld.so.
 BASE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             "HOME": "/root", "TERM": "xterm-256color", "LANG": "C.UTF-8", "USER": "root"}
 TRANSFER_LIMIT = 512 * 1024 * 1024
+REPLY_LIMIT = TRANSFER_LIMIT + 1024  # head + tail + cut marker of a capped stream
+
+
+@dataclass(frozen=True)
+class _Reply:
+    """One exec-server reply, as read from the pipe."""
+
+    request_id: int
+    exit_code: int
+    timed_out: bool
+    duration_s: float
+    stdout: bytes
+    stderr: bytes
 
 
 def _chown_tree(path: Path, uid: int) -> None:
@@ -115,8 +129,7 @@ class LocalSandbox(Sandbox):
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, limit=2**31 - 1,
             env={"PATH": BASE_ENV["PATH"]})  # pid 1 inside keeps this environ: no host values
         self._started_at = time.monotonic()
-        ready = await self._wait_ready()
-        self.server_pid = ready.get("pid")
+        self.server_pid = await self._wait_ready()
         self._reader = asyncio.create_task(self._read_replies())
         self._deadline_timer = asyncio.get_running_loop().call_later(
             self.spec.deadline_s, self._kill, "deadline")
@@ -145,6 +158,10 @@ class LocalSandbox(Sandbox):
                 shutil.copy2(step.source, target)
         if os.geteuid() == 0:
             _chown_tree(root, SANDBOX_UID)
+        # Written after the chown: owned by the caller, so the sandbox can read but not change it.
+        server_dir = root / SERVER_PATH.parent.relative_to("/")
+        server_dir.mkdir(mode=0o755)
+        (server_dir / SERVER_PATH.name).write_text(SERVER_SOURCE)
 
     def _bwrap_args(self, plan: LocalPlan) -> list[str]:
         args = ["bwrap", "--die-with-parent", "--new-session", "--unshare-all", "--unshare-user",
@@ -169,7 +186,7 @@ class LocalSandbox(Sandbox):
         return args
 
     def _command(self, plan: LocalPlan) -> list[str]:
-        server = ["/usr/bin/python3", "-I", "-S", "-c", SERVER_SOURCE, str(self.spec.deadline_s)]
+        server = ["/usr/bin/python3", "-I", "-S", str(SERVER_PATH), str(self.spec.deadline_s)]
         command = self._bwrap_args(plan) + ["--", *server]
         if os.geteuid() == 0:
             command = ["setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}",
@@ -182,32 +199,52 @@ class LocalSandbox(Sandbox):
         limit = self.spec.memory_mb * 1024 * 1024
         return ["prlimit", f"--as={limit}", "--", *command]
 
-    async def _wait_ready(self) -> dict:
+    async def _wait_ready(self) -> int:
+        """The exec server's pid, once it says it is ready."""
         assert self._proc is not None and self._proc.stdout is not None
         try:
-            ready = await asyncio.wait_for(self._read_frame(), timeout=30)
+            line = await asyncio.wait_for(self._proc.stdout.readline(), timeout=30)
         except TimeoutError:
-            ready = None
-        if ready is None:
+            line = b""
+        word, _, pid = line.decode(errors="replace").partition(" ")
+        if word != "ready" or not pid.strip().isdigit():
             if self._proc.returncode is None:
                 self._proc.kill()
             stderr = (await self._proc.stderr.read()).decode(errors="replace").strip()
             raise SandboxError(f"local sandbox for {self.spec.name} did not start: "
                                f"{stderr.splitlines()[-1] if stderr else 'no output'}")
-        return ready
+        return int(pid)
 
-    async def _read_frame(self) -> dict | None:
-        """One reply from the exec server (see exec_server.py for the framing), None at EOF."""
+    async def _read_reply(self) -> _Reply | None:
+        """The next reply (see exec_server.py for its format); None at EOF.
+
+        Whatever runs in the sandbox can write to this pipe, so the format is text and lengths,
+        parsed strictly, and never unmarshalled.
+        """
         assert self._proc is not None and self._proc.stdout is not None
         try:
-            header = await self._proc.stdout.readexactly(4)
-            return marshal.loads(await self._proc.stdout.readexactly(int.from_bytes(header, "big")))
+            header = await self._proc.stdout.readline()
+            if not header:
+                return None
+            fields = header.split()
+            if len(fields) != 6:
+                raise ValueError(header[:80])
+            request_id, exit_code, timed_out = int(fields[0]), int(fields[1]), fields[2] == b"1"
+            duration_s, out_len, err_len = float(fields[3]), int(fields[4]), int(fields[5])
+            if not 0 <= out_len <= REPLY_LIMIT or not 0 <= err_len <= REPLY_LIMIT:
+                raise ValueError(f"reply of {out_len} + {err_len} bytes")
+            stdout = await self._proc.stdout.readexactly(out_len)
+            stderr = await self._proc.stdout.readexactly(err_len)
         except asyncio.IncompleteReadError:
             return None
+        except ValueError as exc:
+            self._kill(f"its exec server sent a malformed reply ({exc})")
+            return None
+        return _Reply(request_id, exit_code, timed_out, duration_s, stdout, stderr)
 
     async def _read_replies(self) -> None:
-        while (reply := await self._read_frame()) is not None:
-            future = self._pending.pop(reply.get("id"), None)
+        while (reply := await self._read_reply()) is not None:
+            future = self._pending.pop(reply.request_id, None)
             if future is not None and not future.done():
                 future.set_result(reply)
         reason = self._dead_reason or "its process exited"
@@ -224,7 +261,7 @@ class LocalSandbox(Sandbox):
         if self._cgroup is not None:
             self._cgroup.kill_all()
 
-    async def _request(self, message: dict, wait_s: float) -> dict:
+    async def _request(self, message: dict, wait_s: float) -> _Reply:
         if self._proc is None or self._dead_reason is not None or self._proc.returncode is not None:
             raise SandboxError(f"sandbox {self.spec.name} is not running "
                                f"({self._dead_reason or 'not started'})")
@@ -247,19 +284,19 @@ class LocalSandbox(Sandbox):
         if user not in (None, "root", 0, "0"):
             raise UnsupportedEnvironment(
                 f"the local sandbox runs everything as root, not as {user!r}; use --sandbox docker")
-        return await self._exec(command, timeout, cwd, env, None, self.spec.max_output_bytes)
+        reply = await self._exec(command, timeout, cwd, env, None, self.spec.max_output_bytes)
+        return ExecResult(exit_code=reply.exit_code, stdout=reply.stdout.decode(errors="replace"),
+                          stderr=reply.stderr.decode(errors="replace"),
+                          timed_out=reply.timed_out, duration_s=reply.duration_s)
 
     async def _exec(self, command: str, timeout: float | None, cwd: str | None,
                     env: Mapping[str, str] | None, stdin: bytes | None,
-                    max_output: int) -> ExecResult:
+                    max_output: int) -> _Reply:
+        """Run a command and return its raw reply (bytes: downloads need them undecoded)."""
         limit = self._effective_timeout(timeout)
         message = {"cmd": command, "cwd": cwd or self._plan.workdir, "env": dict(env or {}),
                    "timeout": limit, "max_output": max_output, "stdin": stdin}
-        reply = await self._request(message, wait_s=limit + 10)
-        return ExecResult(exit_code=reply["exit_code"],
-                          stdout=reply["stdout"].decode(errors="replace"),
-                          stderr=reply["stderr"].decode(errors="replace"),
-                          timed_out=reply["timed_out"], duration_s=reply["duration_s"])
+        return await self._request(message, wait_s=limit + 10)
 
     async def upload(self, local: Path, remote: str) -> None:
         # Files go in through tar inside the sandbox, so the host never follows a sandbox symlink.
@@ -267,19 +304,19 @@ class LocalSandbox(Sandbox):
         result = await self._exec(
             f"mkdir -p {shlex.quote(parent)} && tar -xf - -C {shlex.quote(parent)} --no-same-owner",
             timeout=120, cwd="/", env=None, stdin=pack(local, remote), max_output=65536)
-        if not result.ok:
-            raise SandboxError(f"upload to {remote} failed: {result.stderr.strip()[-300:]}")
+        if result.exit_code != 0 or result.timed_out:
+            raise SandboxError(f"upload to {remote} failed: "
+                               f"{result.stderr.decode(errors='replace').strip()[-300:]}")
 
     async def download(self, remote: str, local: Path) -> None:
         parent, name = os.path.split(remote.rstrip("/"))
         result = await self._exec(
-            f"set -o pipefail; tar -cf - -C {shlex.quote(parent or '/')} {shlex.quote(name)} "
-            "| base64 -w0",
+            f"tar -cf - -C {shlex.quote(parent or '/')} {shlex.quote(name)}",
             timeout=120, cwd="/", env=None, stdin=None, max_output=TRANSFER_LIMIT)
-        if not result.ok or not result.stdout:
+        if result.exit_code != 0 or result.timed_out or not result.stdout:
             raise FileNotFoundError(f"{remote} in sandbox {self.spec.name}: "
-                                    f"{result.stderr.strip()[-300:]}")
-        unpack(base64.b64decode(result.stdout), name, local)
+                                    f"{result.stderr.decode(errors='replace').strip()[-300:]}")
+        unpack(result.stdout, name, local)
 
     async def stop(self) -> None:
         if self._deadline_timer is not None:
