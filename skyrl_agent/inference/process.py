@@ -1,0 +1,143 @@
+"""Starting an inference server as a child process and waiting until it answers.
+
+Used for the embedded server (`python -m skyrl_agent.inference.server`) and for `vllm serve`.
+The child dies with its parent (PR_SET_PDEATHSIG), so a killed run never leaves a server
+holding memory behind.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from skyrl_agent.errors import UserError
+
+_PR_SET_PDEATHSIG = 1
+
+
+class ServerStartError(UserError):
+    """The server process exited or stayed silent before it was ready."""
+
+
+def _die_with_parent() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+class ServerProcess:
+    """A server child process. `start()` returns once it printed its ready line (or /health)."""
+
+    def __init__(self, argv: Sequence[str], *, env: dict[str, str] | None = None,
+                 log_path: Path | None = None, startup_timeout_s: float = 600.0,
+                 url: str | None = None) -> None:
+        self.argv = list(argv)
+        self.env = env
+        self.log_path = log_path or Path(tempfile.mkstemp(prefix="skyrl-server-", suffix=".log")[1])
+        self.startup_timeout_s = startup_timeout_s
+        self.url = url
+        """Known in advance for servers that print no ready line (vLLM); else read from stdout."""
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> str:
+        log = open(self.log_path, "ab")  # noqa: SIM115 - the child keeps writing to it
+        self._process = subprocess.Popen(
+            self.argv, stdout=subprocess.PIPE, stderr=log, env=self.env,
+            preexec_fn=_die_with_parent, start_new_session=True)
+        log.close()
+        try:
+            self.url = self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self.url
+
+    def _wait_ready(self) -> str:
+        assert self._process is not None and self._process.stdout is not None
+        deadline = time.monotonic() + self.startup_timeout_s
+        selector = selectors.DefaultSelector()
+        selector.register(self._process.stdout, selectors.EVENT_READ)
+        buffer = b""
+        while time.monotonic() < deadline:
+            if self.url and _healthy(self.url):
+                return self.url
+            if self._process.poll() is not None:
+                raise ServerStartError(f"server exited with code {self._process.returncode}: "
+                                       f"{self._log_tail()}")
+            if selector.select(timeout=0.5):
+                chunk = os.read(self._process.stdout.fileno(), 65536)
+                buffer += chunk
+                for line in buffer.splitlines():
+                    url = _ready_url(line)
+                    if url:
+                        return url
+        raise ServerStartError(f"server not ready after {self.startup_timeout_s:.0f} s: "
+                               f"{self._log_tail()}")
+
+    def _log_tail(self) -> str:
+        lines = [ln for ln in self.log_path.read_text(errors="replace").splitlines() if ln.strip()]
+        errors = [ln for ln in lines if "error" in ln.lower()]
+        return (errors or lines or ["(no output)"])[-1].strip()
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        if self._process is None or self._process.poll() is not None:
+            return
+        os.killpg(self._process.pid, signal.SIGTERM)
+        try:
+            self._process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self._process.pid, signal.SIGKILL)
+            self._process.wait()
+
+    def __enter__(self) -> ServerProcess:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _ready_url(line: bytes) -> str | None:
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return None
+    if isinstance(event, dict) and event.get("event") == "ready":
+        return str(event["url"])
+    return None
+
+
+def _healthy(url: str) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def embedded_server(model: str = "smollm2-135m", *, max_batch_size: int = 32,
+                    max_model_len: int | None = None, served_model_name: str | None = None,
+                    log_path: Path | None = None) -> ServerProcess:
+    """A ServerProcess for the embedded server on a free port of 127.0.0.1."""
+    argv = [sys.executable, "-m", "skyrl_agent.inference.server", "--model", model,
+            "--port", "0", "--max-batch-size", str(max_batch_size)]
+    if max_model_len:
+        argv += ["--max-model-len", str(max_model_len)]
+    if served_model_name:
+        argv += ["--served-model-name", served_model_name]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    return ServerProcess(argv, env=env, log_path=log_path)

@@ -1,0 +1,199 @@
+"""HTTP routes of the embedded server (aiohttp), shaped like vLLM's OpenAI-compatible server.
+
+Bad input gets a 4xx with an OpenAI-style `{"error": {...}}` body; the server stays up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel, ValidationError
+
+from skyrl_agent.inference.server import render
+from skyrl_agent.inference.server.engine import Engine
+from skyrl_agent.inference.server.metrics import ServerMetrics
+from skyrl_agent.inference.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+    UpdateWeightsRequest,
+)
+from skyrl_agent.inference.server.render import BadRequest
+from skyrl_agent.inference.server.weights import WeightUpdateError
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+PAUSE_MODES = ("keep", "wait", "abort")
+
+
+def _error(status: int, message: str, kind: str = "BadRequestError") -> web.Response:
+    body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
+    return web.json_response(body, status=status)
+
+
+def _validation_message(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"])
+        if err["type"] == "extra_forbidden":
+            parts.append(f"unknown field {where!r}")
+        else:
+            parts.append(f"{where}: {err['msg'].removeprefix('Value error, ')}" if where
+                         else err["msg"])
+    return "; ".join(parts)
+
+
+class EmbeddedServer:
+    """Routes over one engine, one tokenizer and one served model name."""
+
+    def __init__(self, engine: Engine, tokenizer: Any, served_model_name: str) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.model_name = served_model_name
+        self.metrics = ServerMetrics(engine)
+        self.vocab_size = len(tokenizer)
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._errors], client_max_size=64 * 1024 * 1024)
+        app.add_routes([
+            web.get("/health", self.health), web.get("/v1/models", self.models),
+            web.post("/v1/completions", self.completions),
+            web.post("/v1/chat/completions", self.chat_completions),
+            web.post("/tokenize", self.tokenize), web.post("/detokenize", self.detokenize),
+            web.post("/pause", self.pause), web.post("/resume", self.resume),
+            web.get("/is_paused", self.is_paused), web.post("/update_weights", self.update_weights),
+            web.get("/metrics", self.metrics_text),
+        ])
+        return app
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        route = request.match_info.route.resource
+        route_name = route.canonical if route is not None else "unmatched"
+        try:
+            response = await handler(request)
+        except (BadRequest, WeightUpdateError) as exc:
+            response = _error(400, str(exc))
+        except ValidationError as exc:
+            response = _error(400, _validation_message(exc))
+        except web.HTTPException as exc:
+            response = _error(exc.status, exc.reason, type(exc).__name__)
+        except RuntimeError as exc:  # a failed engine step
+            response = _error(500, str(exc), "InternalServerError")
+        self.metrics.http_responses.labels(route_name, str(response.status)).inc()
+        return response
+
+    async def _body[M: BaseModel](self, request: web.Request, model: type[M]) -> M:
+        try:
+            data = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise BadRequest(f"invalid JSON body: {exc}") from None
+        if not isinstance(data, dict):
+            raise BadRequest("the JSON body must be an object")
+        body = model.model_validate(data)
+        name = getattr(body, "model", None)
+        if name is not None and name != self.model_name:
+            raise web.HTTPNotFound(reason=f"model {name!r} does not exist; "
+                                          f"this server serves {self.model_name!r}")
+        return body
+
+    def _check_prompt(self, ids: list[int], max_tokens: int | None) -> int:
+        """Validate a prompt against the vocabulary and context; returns the token budget."""
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        if bad:
+            raise BadRequest(f"token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
+        limit = self.engine.max_model_len
+        if len(ids) >= limit:
+            raise BadRequest(f"the prompt has {len(ids)} tokens but the model's context is "
+                             f"{limit} tokens")
+        if max_tokens is None:
+            return limit - len(ids)
+        if len(ids) + max_tokens > limit:
+            raise BadRequest(f"the model's context is {limit} tokens, but {len(ids)} prompt "
+                             f"tokens + max_tokens {max_tokens} exceed it")
+        return max_tokens
+
+    # ---- generation ------------------------------------------------------------------------
+
+    async def completions(self, request: web.Request) -> web.Response:
+        body = await self._body(request, CompletionRequest)
+        prompts = [p if isinstance(p, list) else self.tokenizer.encode(p)
+                   for p in body.prompts()]
+        budgets = [self._check_prompt(p, body.max_tokens) for p in prompts]
+        results = await asyncio.gather(*[
+            self.engine.generate(p, body.sampling(b, body.logprobs), body.n)
+            for p, b in zip(prompts, budgets, strict=True)])
+        return web.json_response(render.completion_response(
+            self.model_name, self.tokenizer, prompts, list(results), body.return_token_ids,
+            body.logprobs is not None, self.engine.policy_version))
+
+    async def chat_completions(self, request: web.Request) -> web.Response:
+        body = await self._body(request, ChatCompletionRequest)
+        prompt = render.chat_prompt_ids(self.tokenizer, body.messages, body.tools,
+                                        body.add_generation_prompt, body.continue_final_message,
+                                        body.chat_template_kwargs)
+        budget = self._check_prompt(prompt, body.token_limit)
+        outputs = await self.engine.generate(prompt, body.sampling(budget, body.logprob_count),
+                                             body.n)
+        return web.json_response(render.chat_response(
+            self.model_name, self.tokenizer, prompt, outputs, body.return_token_ids,
+            body.logprobs, self.engine.policy_version))
+
+    # ---- tokens ------------------------------------------------------------------------------
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        body = await self._body(request, TokenizeRequest)
+        if body.messages is not None:
+            ids = render.chat_prompt_ids(self.tokenizer, body.messages, body.tools,
+                                         body.add_generation_prompt,
+                                         template_kwargs=body.chat_template_kwargs)
+        else:
+            ids = self.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+        return web.json_response({"tokens": ids, "count": len(ids),
+                                  "max_model_len": self.engine.max_model_len})
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        body = await self._body(request, DetokenizeRequest)
+        self._check_prompt(body.tokens, 0)
+        return web.json_response({"prompt": self.tokenizer.decode(body.tokens)})
+
+    # ---- control ------------------------------------------------------------------------------
+
+    async def pause(self, request: web.Request) -> web.Response:
+        mode = request.query.get("mode", "keep")
+        if mode not in PAUSE_MODES:
+            raise BadRequest(f"mode must be one of {', '.join(PAUSE_MODES)}, not {mode!r}")
+        await self.engine.pause(mode)  # type: ignore[arg-type]
+        return web.json_response({"is_paused": True, "mode": mode})
+
+    async def resume(self, request: web.Request) -> web.Response:
+        await self.engine.resume()
+        return web.json_response({"is_paused": False})
+
+    async def is_paused(self, request: web.Request) -> web.Response:
+        return web.json_response({"is_paused": self.engine.is_paused})
+
+    async def update_weights(self, request: web.Request) -> web.Response:
+        body = await self._body(request, UpdateWeightsRequest)
+        seconds = await self.engine.update_weights(body.path, body.version)
+        return web.json_response({"policy_version": body.version, "seconds": seconds})
+
+    # ---- status --------------------------------------------------------------------------------
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def models(self, request: web.Request) -> web.Response:
+        card = {"id": self.model_name, "object": "model", "owned_by": "skyrl-agent",
+                "max_model_len": self.engine.max_model_len,
+                "policy_version": self.engine.policy_version}
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def metrics_text(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render(),
+                            headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -1,0 +1,372 @@
+"""The generation engine: one thread that owns the model and runs continuous batching.
+
+Every model forward, weight copy and batch change happens on the engine thread, between decode
+steps, so there are no locks around the model. The asyncio side talks to it through an inbox of
+callables and gets answers through futures.
+
+Each loop iteration admits at most one waiting request (prefill, reusing a cached prefix when one
+matches) into the running batch, then decodes one token for every running row. Pausing with
+`keep` simply stops iterating: the rows and their KV cache stay where they are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from transformers.cache_utils import DynamicCache
+
+from skyrl_agent.inference.server.kv import KVBatch
+from skyrl_agent.inference.server.prefix_cache import PrefixCache
+from skyrl_agent.inference.server.sampling import Choice, SamplingParams, choose, make_generator
+from skyrl_agent.inference.server.weights import load_weights
+
+log = logging.getLogger(__name__)
+PauseMode = Literal["keep", "wait", "abort"]
+
+
+@dataclass(frozen=True)
+class SequenceOutput:
+    """One finished sample."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...]
+    """Per token, the requested number of (id, logprob) alternatives (empty tuples if none)."""
+    policy_versions: tuple[int, ...]
+    """Per token, the weight version that sampled it."""
+    finish_reason: Literal["stop", "length", "abort"]
+    text: str
+    """Decoded text without special tokens, cut before a matched stop string."""
+    cached_prompt_tokens: int
+    """Prompt tokens whose KV came from the prefix cache."""
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot for /metrics."""
+
+    requests_total: int
+    prompt_tokens_total: int
+    generation_tokens_total: int
+    cached_prompt_tokens_total: int
+    running: int
+    waiting: int
+    paused: bool
+    policy_version: int
+    tokens_per_second: float
+    """Generated tokens per second over the last 10 s."""
+
+
+@dataclass
+class _Request:
+    prompt_ids: list[int]
+    params: SamplingParams
+    n: int
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[list[SequenceOutput]]
+    outputs: list[SequenceOutput | None] = field(default_factory=list)
+    cached_tokens: int = 0
+
+
+@dataclass
+class _Row:
+    request: _Request
+    index: int
+    generator: torch.Generator
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    tops: list[tuple[tuple[int, float], ...]] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    finish: Literal["stop", "length", "abort"] | None = None
+    text: str | None = None
+
+
+class Engine:
+    """Continuous batching over a transformers causal LM."""
+
+    def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int = 32,
+                 max_model_len: int | None = None, prefix_cache_tokens: int = 32768,
+                 policy_version: int = 0) -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.max_batch_size = max_batch_size
+        self.max_model_len = max_model_len or model.config.max_position_embeddings
+        self.policy_version = policy_version
+        self.eos_ids = _eos_ids(model, tokenizer)
+        self.device = next(model.parameters()).device
+        self._prefix = PrefixCache(prefix_cache_tokens)
+        self._inbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._waiting: deque[_Request] = deque()
+        self._rows: list[_Row] = []
+        self._batch: KVBatch | None = None
+        self._paused = self._draining = self._closed = False
+        self._pause_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._counts = dict.fromkeys(("requests", "prompt", "generated", "cached"), 0)
+        self._recent: deque[tuple[float, int]] = deque()
+        self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
+
+    # ---- asyncio side -------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        self._closed = True
+        self._wake.set()
+        self._thread.join(timeout=10)
+
+    @property
+    def is_paused(self) -> bool:
+        return self._paused
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams,
+                       n: int = 1) -> list[SequenceOutput]:
+        """Sample `n` completions of `prompt_ids`; queued while the engine is paused."""
+        loop = asyncio.get_running_loop()
+        request = _Request(list(prompt_ids), params, n, loop, loop.create_future())
+        request.outputs = [None] * n
+        self._post(lambda: self._waiting.append(request))
+        try:
+            return await asyncio.shield(request.future)
+        except asyncio.CancelledError:  # the HTTP client went away: free its rows
+            self._post(lambda: self._abort_request(request))
+            raise
+
+    async def pause(self, mode: PauseMode) -> None:
+        """keep: freeze running rows; wait: finish them first; abort: end them now (partial)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        self._post(lambda: self._begin_pause(mode, loop, future))
+        await future
+
+    async def resume(self) -> None:
+        await self._call(self._resume)
+
+    async def update_weights(self, path: str, version: int) -> float:
+        """Copy weights from a safetensors file at a step boundary; returns seconds taken."""
+        return await self._call(lambda: self._update_weights(path, version))
+
+    def stats(self) -> EngineStats:
+        now = time.monotonic()
+        recent = sum(n for t, n in list(self._recent) if now - t <= 10.0)
+        return EngineStats(self._counts["requests"], self._counts["prompt"],
+                           self._counts["generated"], self._counts["cached"], len(self._rows),
+                           len(self._waiting), self._paused, self.policy_version, recent / 10.0)
+
+    def _post(self, command: Callable[[], None]) -> None:
+        self._inbox.put(command)
+        self._wake.set()
+
+    async def _call(self, fn: Callable[[], Any]) -> Any:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+
+        def command() -> None:
+            try:
+                result = fn()
+            except Exception as exc:  # noqa: BLE001 - handed to the caller
+                _resolve(loop, future, exc=exc)
+            else:
+                _resolve(loop, future, result)
+
+        self._post(command)
+        return await future
+
+    # ---- engine thread --------------------------------------------------------------------
+
+    def _run(self) -> None:
+        torch.set_grad_enabled(False)
+        while not self._closed:
+            while True:
+                try:
+                    self._inbox.get_nowait()()
+                except queue.Empty:
+                    break
+            if self._draining and not self._rows:
+                self._enter_pause()
+            busy = False
+            try:
+                if self._can_admit():
+                    self._prefill(self._waiting.popleft())
+                    busy = True
+                if self._rows and not self._paused:
+                    self._decode()
+                    busy = True
+            except Exception as exc:  # noqa: BLE001 - a failed step must not kill the server
+                log.exception("engine step failed")
+                self._fail_running(exc)
+            if not busy:
+                self._wake.wait(timeout=1.0)
+                self._wake.clear()
+
+    def _can_admit(self) -> bool:
+        if self._paused or self._draining or not self._waiting:
+            return False
+        return not self._rows or len(self._rows) + self._waiting[0].n <= self.max_batch_size
+
+    def _prefill(self, request: _Request) -> None:
+        prompt = request.prompt_ids
+        cached, layers = self._prefix.lookup(prompt)
+        cache = DynamicCache(ddp_cache_data=layers) if layers else DynamicCache()
+        out = self.model(input_ids=torch.tensor([prompt[cached:]], device=self.device),
+                         position_ids=torch.arange(cached, len(prompt), device=self.device)[None],
+                         cache=cache, use_cache=True, logits_to_keep=1)
+        request.cached_tokens = cached
+        self._counts["requests"] += 1
+        self._counts["prompt"] += len(prompt)
+        self._counts["cached"] += cached
+        seed = request.params.seed
+        rows = [_Row(request, i, make_generator(None if seed is None else seed + i))
+                for i in range(request.n)]
+        batch = KVBatch.from_cache(out.cache, request.n)
+        self._batch = batch if self._batch is None else self._batch.merge(batch)
+        self._rows.extend(rows)
+        logits = out.logits[:, -1].expand(request.n, -1)
+        self._append(rows, choose(logits, [request.params] * request.n,
+                                  [r.generator for r in rows]))
+
+    def _decode(self) -> None:
+        assert self._batch is not None
+        rows = self._rows
+        last = torch.tensor([[r.tokens[-1]] for r in rows], device=self.device)
+        positions = torch.tensor([[len(r.request.prompt_ids) + len(r.tokens) - 1] for r in rows],
+                                 device=self.device)
+        mask = self._batch.append_mask_column()
+        out = self.model(input_ids=last, attention_mask=mask, position_ids=positions,
+                         cache=self._batch.cache, use_cache=True)
+        self._append(rows, choose(out.logits[:, -1], [r.request.params for r in rows],
+                                  [r.generator for r in rows]))
+
+    def _append(self, rows: list[_Row], choices: list[Choice]) -> None:
+        for row, choice in zip(rows, choices, strict=True):
+            row.tokens.append(choice.token_id)
+            row.logprobs.append(choice.logprob)
+            row.tops.append(choice.top)
+            row.versions.append(self.policy_version)
+            row.finish = self._finish_reason(row)
+        self._counts["generated"] += len(rows)
+        self._recent.append((time.monotonic(), len(rows)))
+        while self._recent and time.monotonic() - self._recent[0][0] > 10.0:
+            self._recent.popleft()
+        self._retire_finished()
+
+    def _finish_reason(self, row: _Row) -> Literal["stop", "length"] | None:
+        params, token = row.request.params, row.tokens[-1]
+        if token in params.stop_token_ids or (token in self.eos_ids and not params.ignore_eos):
+            return "stop"
+        if params.stop:
+            text = self.tokenizer.decode(row.tokens, skip_special_tokens=True)
+            hits = [i for i in (text.find(s) for s in params.stop) if i >= 0]
+            if hits:
+                row.text = text[: min(hits)]
+                return "stop"
+        if len(row.tokens) >= params.max_tokens:
+            return "length"
+        if len(row.request.prompt_ids) + len(row.tokens) >= self.max_model_len:
+            return "length"
+        return None
+
+    def _retire_finished(self) -> None:
+        done = [i for i, r in enumerate(self._rows) if r.finish is not None]
+        if not done:
+            return
+        assert self._batch is not None
+        for i in done:
+            row = self._rows[i]
+            if row.finish != "abort":
+                known = row.request.prompt_ids + row.tokens[:-1]  # the last token has no KV yet
+                self._prefix.store(known, self._batch.row(i, len(known)))
+            self._finish_row(row)
+        keep = [i for i, r in enumerate(self._rows) if r.finish is None]
+        self._rows = [self._rows[i] for i in keep]
+        self._batch = self._batch.select(keep) if keep else None
+
+    def _finish_row(self, row: _Row) -> None:
+        assert row.finish is not None
+        text = row.text
+        if text is None:
+            text = self.tokenizer.decode(row.tokens, skip_special_tokens=True)
+        request = row.request
+        request.outputs[row.index] = SequenceOutput(
+            tuple(row.tokens), tuple(row.logprobs), tuple(row.tops), tuple(row.versions),
+            row.finish, text, request.cached_tokens)
+        if all(o is not None for o in request.outputs):
+            _resolve(request.loop, request.future, list(request.outputs))
+
+    def _abort_request(self, request: _Request) -> None:
+        if request in self._waiting:
+            self._waiting.remove(request)
+        for row in self._rows:
+            if row.request is request:
+                row.finish = "abort"
+        if self._batch is not None:
+            self._retire_finished()
+
+    def _fail_running(self, exc: Exception) -> None:
+        for request in {id(r.request): r.request for r in self._rows}.values():
+            _resolve(request.loop, request.future, exc=RuntimeError(f"generation failed: {exc}"))
+        self._rows, self._batch = [], None
+
+    def _begin_pause(self, mode: PauseMode, loop: asyncio.AbstractEventLoop,
+                     future: asyncio.Future[None]) -> None:
+        self._pause_waiters.append((loop, future))
+        if mode == "abort":
+            for row in self._rows:
+                row.finish = "abort"
+            if self._rows:
+                self._retire_finished()
+        if mode == "wait" and self._rows:
+            self._draining = True
+        else:
+            self._enter_pause()
+
+    def _enter_pause(self) -> None:
+        self._paused, self._draining = True, False
+        for loop, future in self._pause_waiters:
+            _resolve(loop, future, None)
+        self._pause_waiters.clear()
+
+    def _resume(self) -> None:
+        self._paused = self._draining = False
+
+    def _update_weights(self, path: str, version: int) -> float:
+        started = time.perf_counter()
+        load_weights(self.model, path)
+        self.policy_version = version
+        self._prefix.clear()  # cached KV was computed by the old weights
+        return time.perf_counter() - started
+
+
+def _resolve(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], result: Any = None,
+             exc: BaseException | None = None) -> None:
+    def settle() -> None:
+        if future.done():
+            return
+        if exc is not None:
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
+
+    loop.call_soon_threadsafe(settle)
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+    ids: set[int] = set()
+    generation = getattr(model, "generation_config", None)
+    for value in (getattr(generation, "eos_token_id", None), tokenizer.eos_token_id):
+        if isinstance(value, int):
+            ids.add(value)
+        elif value:
+            ids.update(value)
+    return frozenset(ids)
+

@@ -1,0 +1,96 @@
+"""Starting the embedded server: load the model, start the engine, serve HTTP until stopped.
+
+`python -m skyrl_agent.inference.server` and `skyrl-agent serve` both land here. Once the socket
+is bound, one JSON line `{"event": "ready", "url": ...}` goes to stdout so a parent process can
+use port 0 and learn the real port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+from skyrl_agent.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """How to run one embedded server."""
+
+    model: str = "smollm2-135m"
+    """A built-in model name or a local Hugging Face folder."""
+    host: str = "127.0.0.1"
+    port: int = 8000
+    """0 picks a free port (announced on stdout)."""
+    served_model_name: str | None = None
+    """The name clients send as `model`; defaults to `model` (or the folder name)."""
+    max_batch_size: int = 32
+    max_model_len: int | None = None
+    """Context length; defaults to the model's."""
+    dtype: str = "float32"
+    policy_version: int = 0
+    """Version of the weights at start (a resumed run passes its checkpoint's)."""
+
+
+def load_engine(options: ServeOptions):  # noqa: ANN201 - heavy imports stay local
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from skyrl_agent.inference.models import resolve_model
+    from skyrl_agent.inference.server.engine import Engine
+
+    folder = resolve_model(options.model)
+    dtype = getattr(torch, options.dtype, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ConfigError(f"unknown dtype {options.dtype!r} (try float32 or bfloat16)")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+    if torch.cuda.is_available():
+        model = model.cuda()
+    if options.max_model_len and options.max_model_len > model.config.max_position_embeddings:
+        raise ConfigError(f"max_model_len {options.max_model_len} exceeds the model's "
+                          f"{model.config.max_position_embeddings}")
+    engine = Engine(model, tokenizer, max_batch_size=options.max_batch_size,
+                    max_model_len=options.max_model_len, policy_version=options.policy_version)
+    return engine, tokenizer
+
+
+def served_name(options: ServeOptions) -> str:
+    if options.served_model_name:
+        return options.served_model_name
+    path = Path(options.model)
+    return path.name if path.is_dir() else options.model
+
+
+async def serve(options: ServeOptions) -> None:
+    from aiohttp import web
+
+    from skyrl_agent.inference.server.app import EmbeddedServer
+
+    engine, tokenizer = await asyncio.to_thread(load_engine, options)
+    engine.start()
+    runner = web.AppRunner(EmbeddedServer(engine, tokenizer, served_name(options)).app(),
+                           access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, options.host, options.port)
+    await site.start()
+    port = runner.addresses[0][1]
+    print(json.dumps({"event": "ready", "url": f"http://{options.host}:{port}"}), flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+        engine.close()
+
+
+def run(options: ServeOptions) -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+    asyncio.run(serve(options))

@@ -1,0 +1,57 @@
+"""Reuse of the KV cache of finished sequences for prompts that extend them.
+
+An agent's turn k+1 prompt is turn k's prompt + completion + a few new tokens, and sticky
+routing sends it to the same server, so most of its prefill is already computed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+
+from skyrl_agent.inference.server.kv import KV
+
+
+class PrefixCache:
+    """LRU of (token ids, per-layer KV) for up to `max_tokens` tokens in all."""
+
+    def __init__(self, max_tokens: int, min_match: int = 16) -> None:
+        self.max_tokens = max_tokens
+        self.min_match = min_match
+        self._entries: OrderedDict[tuple[int, ...], list[KV]] = OrderedDict()
+        self._tokens = 0
+
+    def lookup(self, prompt_ids: list[int]) -> tuple[int, list[KV] | None]:
+        """The longest cached prefix of `prompt_ids` (at most len - 1 tokens) and its KV views."""
+        best_len, best_key = 0, None
+        for key in self._entries:
+            matched = len(os.path.commonprefix([key, tuple(prompt_ids)]))
+            if matched > best_len:
+                best_len, best_key = matched, key
+        best_len = min(best_len, len(prompt_ids) - 1)  # the last prompt token must run for logits
+        if best_key is None or best_len < self.min_match:
+            return 0, None
+        self._entries.move_to_end(best_key)
+        layers = self._entries[best_key]
+        return best_len, [(k[:, :, :best_len], v[:, :, :best_len]) for k, v in layers]
+
+    def store(self, token_ids: list[int], layers: list[KV]) -> None:
+        key = tuple(token_ids)
+        if len(key) > self.max_tokens or any(k[: len(key)] == key for k in self._entries):
+            return  # already covered by an entry that extends it
+        # An entry that is a prefix of the new one is redundant: the new one answers its lookups.
+        for old in [k for k in self._entries if key[: len(k)] == k]:
+            self._drop(old)
+        self._entries[key] = layers
+        self._tokens += len(key)
+        while self._tokens > self.max_tokens:
+            self._drop(next(iter(self._entries)))
+
+    def clear(self) -> None:
+        """Forget everything (after a weight update the cached KV is stale)."""
+        self._entries.clear()
+        self._tokens = 0
+
+    def _drop(self, key: tuple[int, ...]) -> None:
+        del self._entries[key]
+        self._tokens -= len(key)

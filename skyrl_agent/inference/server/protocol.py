@@ -1,0 +1,146 @@
+"""Request bodies of the embedded server, with OpenAI's and vLLM's field names.
+
+Unknown fields are rejected (400) rather than ignored, so a client never believes a setting took
+effect when it did not.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from skyrl_agent.inference.server.sampling import SamplingParams
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _Sampling(_Body):
+    """Fields shared by completions and chat completions."""
+
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0, le=10)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    top_k: int = Field(default=0, ge=-1)
+    """vLLM's extension; 0 or -1 = off."""
+    n: int = Field(default=1, ge=1, le=64)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    return_token_ids: bool = False
+    """vLLM's flag: also return `prompt_token_ids` and each choice's `token_ids`."""
+    stream: bool = False
+    user: str | None = None
+
+    @field_validator("stream")
+    @classmethod
+    def _no_stream(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("streaming is not supported by the embedded server; use stream=false")
+        return value
+
+    def sampling(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        return SamplingParams(
+            max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
+            top_k=max(self.top_k, 0), seed=self.seed, stop=stop,
+            stop_token_ids=tuple(self.stop_token_ids or ()), ignore_eos=self.ignore_eos,
+            logprobs=logprobs)
+
+
+class CompletionRequest(_Sampling):
+    """POST /v1/completions."""
+
+    prompt: str | list[int] | list[str] | list[list[int]]
+    """Text, token ids, or a list of either (one prompt each)."""
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+    """Top alternatives per token; 0 still returns the sampled token's logprob."""
+    echo: bool = False
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("echo is not supported; the prompt ids come back with return_token_ids")
+        return value
+
+    @field_validator("prompt")
+    @classmethod
+    def _not_empty(cls, value: Any) -> Any:
+        if isinstance(value, list) and not value:
+            raise ValueError("prompt is empty")
+        return value
+
+    def prompts(self) -> list[str | list[int]]:
+        """One entry per prompt: text or token ids."""
+        if isinstance(self.prompt, str):
+            return [self.prompt]
+        if all(isinstance(p, int) for p in self.prompt):
+            return [list(self.prompt)]  # type: ignore[arg-type]
+        return list(self.prompt)  # type: ignore[arg-type]
+
+
+class ChatCompletionRequest(_Sampling):
+    """POST /v1/chat/completions. Tool definitions go to the chat template unchanged."""
+
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @field_validator("messages")
+    @classmethod
+    def _roles(cls, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for i, message in enumerate(messages):
+            if "role" not in message:
+                raise ValueError(f"messages[{i}] has no role")
+        return messages
+
+    @property
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    @property
+    def logprob_count(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+
+class TokenizeRequest(_Body):
+    """POST /tokenize: text, or chat messages rendered with the chat template."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+    add_generation_prompt: bool = True
+    add_special_tokens: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of prompt or messages")
+        return self
+
+
+class DetokenizeRequest(_Body):
+    """POST /detokenize."""
+
+    model: str | None = None
+    tokens: list[int]
+
+
+class UpdateWeightsRequest(_Body):
+    """POST /update_weights: a safetensors file written by the trainer, and its version."""
+
+    path: str
+    version: int = Field(ge=0)

@@ -1,0 +1,21 @@
+"""Reference computations for inference tests: a teacher-forced forward pass of the same weights."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+def teacher_forced_logprobs(model, prompt: Sequence[int], completion: Sequence[int]) -> list[float]:
+    """Logprob of each completion token given everything before it, in one unbatched pass."""
+    ids = torch.tensor([list(prompt) + list(completion)])
+    with torch.no_grad():
+        logprobs = torch.log_softmax(model(input_ids=ids).logits[0].float(), dim=-1)
+    start = len(prompt) - 1
+    return [float(logprobs[start + i, token]) for i, token in enumerate(completion)]
+
+
+def max_abs_diff(a: Sequence[float], b: Sequence[float]) -> float:
+    assert len(a) == len(b), (len(a), len(b))
+    return max((abs(x - y) for x, y in zip(a, b, strict=True)), default=0.0)
