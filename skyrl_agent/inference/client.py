@@ -23,7 +23,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, w
 
 
 class InferenceError(Exception):
-    """The server refused a request (4xx) or failed it (5xx after retries)."""
+    """The server refused a request (4xx), failed it (5xx), or never answered (status 0)."""
 
     def __init__(self, status: int, message: str, url: str) -> None:
         super().__init__(f"{url}: HTTP {status}: {message}")
@@ -46,6 +46,8 @@ class Sampling:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    """Generate past end-of-sequence (benchmarks; vLLM's extension)."""
 
 
 @dataclass(frozen=True)
@@ -182,6 +184,8 @@ class InferenceClient:
             body["stop"] = list(sampling.stop)
         if sampling.stop_token_ids:
             body["stop_token_ids"] = list(sampling.stop_token_ids)
+        if sampling.ignore_eos:
+            body["ignore_eos"] = True
         headers = {"X-Session-ID": session_id} if session_id else None
         reply = await self._request(server, "POST", "/v1/completions", json=body, headers=headers)
         choice = reply["choices"][0]
@@ -236,6 +240,9 @@ class InferenceClient:
                     return await self._request_once(server, method, path, **kwargs)
         except _Retryable as exc:
             raise InferenceError(exc.args[0], exc.args[1], server.url) from None
+        except aiohttp.ClientConnectionError as exc:
+            raise InferenceError(0, f"no answer after retrying for {self.retry_deadline_s:.0f} s: "
+                                    f"{exc}", server.url) from exc
         raise AssertionError("unreachable")
 
     async def _request_once(self, server: _Server, method: str, path: str,

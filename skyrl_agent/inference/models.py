@@ -11,6 +11,7 @@ import fcntl
 import importlib.util
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -66,6 +67,7 @@ def _converted_smollm2() -> Path:
     with open(target.parent / f".{SMOLLM2}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two processes starting at once convert only once
         if not (target / "model.safetensors").is_file():
+            print(f"converting {gguf.name} into {target} (once; about a minute)", file=sys.stderr)
             _convert_gguf(gguf, target)
     return target
 

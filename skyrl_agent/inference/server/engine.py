@@ -197,8 +197,8 @@ class Engine:
             busy = False
             try:
                 if self._can_admit():
-                    self._prefill(self._waiting.popleft())
                     busy = True
+                    self._admit(self._waiting.popleft())
                 if self._rows and not self._paused:
                     self._decode()
                     busy = True
@@ -213,6 +213,14 @@ class Engine:
         if self._paused or self._draining or not self._waiting:
             return False
         return not self._rows or len(self._rows) + self._waiting[0].n <= self.max_batch_size
+
+    def _admit(self, request: _Request) -> None:
+        try:
+            self._prefill(request)
+        except Exception as exc:
+            # Fail this request alone; _run's handler fails the rows it may have joined.
+            _resolve(request.loop, request.future, exc=RuntimeError(f"prefill failed: {exc}"))
+            raise
 
     def _prefill(self, request: _Request) -> None:
         prompt = request.prompt_ids

@@ -63,7 +63,7 @@ class KVBatch:
 
     @classmethod
     def from_cache(cls, cache: Cache, rows: int) -> KVBatch:
-        """Wrap a single-row prefill cache, repeated `rows` times (the `n` samples of one prompt)."""
+        """Wrap a one-row prefill cache, repeated `rows` times (the `n` samples of one prompt)."""
         layers = [(layer.keys.expand(rows, -1, -1, -1), layer.values.expand(rows, -1, -1, -1))
                   for layer in cache.layers]
         length = layers[0][0].shape[-2]

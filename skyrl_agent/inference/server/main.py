@@ -39,10 +39,12 @@ class ServeOptions:
 def load_engine(options: ServeOptions):  # noqa: ANN201 - heavy imports stay local
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
     from skyrl_agent.inference.models import resolve_model
     from skyrl_agent.inference.server.engine import Engine
 
+    hf_logging.disable_progress_bar()  # a server log is not a terminal
     folder = resolve_model(options.model)
     dtype = getattr(torch, options.dtype, None)
     if not isinstance(dtype, torch.dtype):
@@ -51,6 +53,12 @@ def load_engine(options: ServeOptions):  # noqa: ANN201 - heavy imports stay loc
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
     if torch.cuda.is_available():
         model = model.cuda()
+    else:
+        # Loaded weights may still be backed by the file's mapping; the first in-place weight
+        # update would then page-fault through all of it (measured 10x slower). Own them now.
+        with torch.no_grad():
+            for param in model.parameters():
+                param.data = param.data.clone()
     if options.max_model_len and options.max_model_len > model.config.max_position_embeddings:
         raise ConfigError(f"max_model_len {options.max_model_len} exceeds the model's "
                           f"{model.config.max_position_embeddings}")

@@ -65,7 +65,7 @@ class CompletionRequest(_Sampling):
     @classmethod
     def _no_echo(cls, value: bool) -> bool:
         if value:
-            raise ValueError("echo is not supported; the prompt ids come back with return_token_ids")
+            raise ValueError("echo is not supported; return_token_ids returns the prompt ids")
         return value
 
     @field_validator("prompt")

@@ -1,22 +1,63 @@
 """Weight updates from a safetensors file the trainer wrote (ideally on /dev/shm).
 
-The file is checked in full before the first parameter changes, so a bad file leaves the model
+The file is memory-mapped and each tensor is copied straight from the mapping into its
+parameter: no intermediate tensors, so an update costs about one memory copy of the weights.
+The header is checked in full before the first parameter changes, so a bad file leaves the model
 as it was: every name must exist in the model and every shape must match. A file may hold a
-subset of the parameters.
+subset of the parameters; dtypes are converted on copy (a bf16 trainer can feed an fp32 server).
 """
 
 from __future__ import annotations
 
+import json
+import mmap
+import struct
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file
+
+_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
+           "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32, "I16": torch.int16,
+           "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
 
 
 class WeightUpdateError(ValueError):
     """The file is missing, unreadable, or does not fit the served model."""
+
+
+def _read_header(mapped: mmap.mmap, name: str) -> tuple[int, dict[str, Any]]:
+    """The safetensors header: 8-byte little-endian length, then JSON {name: {dtype, shape,
+    data_offsets}} with offsets relative to the end of the header."""
+    try:
+        (length,) = struct.unpack("<Q", mapped[:8])
+        header = json.loads(mapped[8 : 8 + length])
+    except (struct.error, ValueError, UnicodeDecodeError):
+        raise WeightUpdateError(f"cannot read {name} as safetensors: bad header") from None
+    if not isinstance(header, dict):
+        raise WeightUpdateError(f"cannot read {name} as safetensors: bad header")
+    header.pop("__metadata__", None)
+    return 8 + length, header
+
+
+def _check(header: dict[str, Any], params: dict[str, torch.Tensor], name: str,
+           data_start: int, size: int) -> None:
+    unknown = sorted(set(header) - set(params))
+    if unknown:
+        raise WeightUpdateError(f"{name}: {len(unknown)} names not in the model, "
+                                f"e.g. {unknown[0]!r}")
+    for key, info in header.items():
+        shape = tuple(info.get("shape", ()))
+        if info.get("dtype") not in _DTYPES:
+            raise WeightUpdateError(f"{name}: {key} has unsupported dtype {info.get('dtype')!r}")
+        if shape != tuple(params[key].shape):
+            raise WeightUpdateError(f"{name}: {key} has shape {shape}, "
+                                    f"the model's is {tuple(params[key].shape)}")
+        begin, end = info["data_offsets"]
+        expected = _DTYPES[info["dtype"]].itemsize * params[key].numel()
+        if end - begin != expected or data_start + end > size:
+            raise WeightUpdateError(f"{name}: {key} has a truncated or inconsistent data range")
 
 
 def load_weights(model: Any, path: str | Path) -> int:
@@ -24,20 +65,28 @@ def load_weights(model: Any, path: str | Path) -> int:
     path = Path(path)
     if not path.is_file():
         raise WeightUpdateError(f"weights file not found: {path}")
-    try:
-        tensors = load_file(path)
-    except (SafetensorError, OSError) as exc:
-        raise WeightUpdateError(f"cannot read {path} as safetensors: {exc}") from None
     params = model.state_dict(keep_vars=True)
-    unknown = sorted(set(tensors) - set(params))
-    if unknown:
-        raise WeightUpdateError(f"{path.name}: {len(unknown)} names not in the model, "
-                                f"e.g. {unknown[0]!r}")
-    for name, tensor in tensors.items():
-        if tensor.shape != params[name].shape:
-            raise WeightUpdateError(f"{path.name}: {name} has shape {tuple(tensor.shape)}, "
-                                    f"the model's is {tuple(params[name].shape)}")
-    with torch.no_grad():
-        for name, tensor in tensors.items():
-            params[name].copy_(tensor)
-    return len(tensors)
+    with open(path, "rb") as file:
+        try:
+            mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+        except ValueError:
+            raise WeightUpdateError(f"cannot read {path.name} as safetensors: empty file") from None
+    with mapped:
+        data_start, header = _read_header(mapped, path.name)
+        _check(header, params, path.name, data_start, len(mapped))
+        buffer = memoryview(mapped)
+        try:
+            with torch.no_grad(), warnings.catch_warnings():
+                # The mapping is read-only and torch says so; nothing ever writes through it.
+                warnings.filterwarnings("ignore", message="The given buffer is not writable")
+                for key, info in header.items():
+                    begin, end = info["data_offsets"]
+                    if begin == end:
+                        continue
+                    source = torch.frombuffer(buffer[data_start + begin : data_start + end],
+                                              dtype=_DTYPES[info["dtype"]])
+                    params[key].copy_(source.view(params[key].shape))
+                    del source  # a live view would keep the mapping from closing
+        finally:
+            buffer.release()
+    return len(header)

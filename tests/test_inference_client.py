@@ -1,0 +1,146 @@
+"""The TITO client: sticky routing over real servers, retries, fan-out of control calls."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+from aiohttp import web
+
+from skyrl_agent.inference.client import InferenceClient, InferenceError, Sampling
+from skyrl_agent.inference.process import embedded_server
+from skyrl_agent.inference.vllm import VLLMOptions, vllm_available, vllm_command, vllm_server
+
+
+@pytest.fixture(scope="module")
+def two_servers(tiny_model_dir):
+    first = embedded_server(str(tiny_model_dir), served_model_name="tiny")
+    second = embedded_server(str(tiny_model_dir), served_model_name="tiny")
+    first.start()
+    try:
+        second.start()
+        yield [first.url, second.url]
+    finally:
+        first.stop()
+        second.stop()
+
+
+async def test_sessions_stick_to_one_server_and_spread(two_servers):
+    async with InferenceClient(two_servers, model="tiny") as client:
+        sampling = Sampling(max_tokens=4, temperature=1.0)
+        first = await asyncio.gather(*[client.complete([1, 2, 3], sampling, session_id=f"s{i}")
+                                       for i in range(4)])
+        again = await asyncio.gather(*[client.complete([1, 2, 3], sampling, session_id=f"s{i}")
+                                       for i in range(4)])
+        assert [c.server for c in first] == [c.server for c in again]
+        assert {c.server for c in first} == set(two_servers)
+        assert all(len(c.token_ids) == len(c.logprobs) == 4 for c in first + again)
+        client.end_session("s0")
+        assert "s0" not in client._routes
+
+
+async def test_control_calls_reach_every_server(two_servers):
+    async with InferenceClient(two_servers, model="tiny") as client:
+        await client.pause("keep")
+        replies = await client._fan_out("GET", "/is_paused")
+        assert [r["is_paused"] for r in replies] == [True, True]
+        await client.resume()
+        assert not await client.is_paused()
+        with pytest.raises(InferenceError, match="not found"):
+            await client.update_weights("/nonexistent.safetensors", 3)
+        assert await client.health()
+
+
+async def test_client_errors_are_not_retried(two_servers):
+    async with InferenceClient(two_servers[:1], model="other-model") as client:
+        with pytest.raises(InferenceError) as info:
+            await client.complete([1, 2], Sampling(max_tokens=2))
+    assert info.value.status == 404 and "does not exist" in info.value.message
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+SEEN = web.AppKey("seen", list)
+
+
+def _scripted_app(replies: list[int]) -> web.Application:
+    """A unit-tier stand-in server: answers the listed statuses in turn, then a completion."""
+    seen: list[int] = []
+
+    async def completions(request: web.Request) -> web.Response:
+        seen.append(1)
+        if replies:
+            return web.json_response({"error": {"message": "busy"}}, status=replies.pop(0))
+        choice = {"token_ids": [7], "logprobs": {"token_logprobs": [-0.5]}, "text": "x",
+                  "finish_reason": "stop", "policy_version": 4}
+        return web.json_response({"choices": [choice]})
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    app[SEEN] = seen
+    return app
+
+
+async def _serve(app: web.Application, port: int) -> web.AppRunner:
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner
+
+
+async def test_retries_503_then_succeeds():
+    port = _free_port()
+    app = _scripted_app([503, 503])
+    runner = await _serve(app, port)
+    try:
+        async with InferenceClient([f"http://127.0.0.1:{port}"]) as client:
+            out = await client.complete([1], Sampling(max_tokens=1))
+    finally:
+        await runner.cleanup()
+    assert len(app[SEEN]) == 3 and out.token_ids == (7,) and out.policy_version == 4
+
+
+async def test_retries_until_a_server_comes_up():
+    port = _free_port()
+    async with InferenceClient([f"http://127.0.0.1:{port}"]) as client:
+        request = asyncio.create_task(client.complete([1], Sampling(max_tokens=1)))
+        await asyncio.sleep(0.5)  # connection refused meanwhile
+        runner = await _serve(_scripted_app([]), port)
+        try:
+            out = await asyncio.wait_for(request, timeout=30)
+        finally:
+            await runner.cleanup()
+    assert out.token_ids == (7,)
+
+
+async def test_gives_up_after_the_retry_deadline():
+    port = _free_port()
+    async with InferenceClient([f"http://127.0.0.1:{port}"], retry_deadline_s=0.5) as client:
+        with pytest.raises(InferenceError, match="no answer after retrying") as info:
+            await client.complete([1], Sampling(max_tokens=1))
+    assert info.value.status == 0
+
+
+def test_vllm_command_enables_what_the_client_needs():
+    argv = vllm_command(VLLMOptions(model="/models/m", served_model_name="policy",
+                                    max_model_len=4096), port=8123)
+    assert argv[:3] == ["vllm", "serve", "/models/m"]
+    assert "--enable-prefix-caching" in argv and argv[argv.index("--port") + 1] == "8123"
+    assert '"backend": "nccl"' in argv[argv.index("--weight-transfer-config") + 1]
+    assert argv[argv.index("--served-model-name") + 1] == "policy"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(vllm_available() is not None, reason=f"vLLM: {vllm_available()}")
+async def test_vllm_is_driven_by_the_same_client(smollm2_dir):
+    with vllm_server(VLLMOptions(model=str(smollm2_dir), served_model_name="smollm2")) as proc:
+        async with InferenceClient([proc.url], model="smollm2") as client:
+            out = await client.complete([1, 504, 3575], Sampling(max_tokens=8))
+            await client.pause("keep")
+            await client.resume()
+    assert len(out.token_ids) == len(out.logprobs) > 0

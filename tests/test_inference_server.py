@@ -1,0 +1,215 @@
+"""The embedded server as a real process with SmolLM2-135M, driven over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+import openai
+import pytest
+import torch
+from prometheus_client.parser import text_string_to_metric_families
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from skyrl_agent.inference.client import InferenceClient, Sampling
+from skyrl_agent.inference.process import embedded_server
+from tests.inference_helpers import max_abs_diff, teacher_forced_logprobs
+
+pytestmark = pytest.mark.slow
+QUESTIONS = ["What is the capital of France?", "Name three colors.", "Write a haiku about rain.",
+             "What is 12 times 12?", "Give me a word that rhymes with cat."]
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_dir):
+    with embedded_server("smollm2-135m", max_batch_size=64) as process:
+        yield process.url
+
+
+@pytest.fixture(scope="module")
+def reference(smollm2_dir):
+    model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(smollm2_dir)
+
+
+def post(url: str, path: str, body: bytes | dict) -> tuple[int, dict]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(url + path, data=data,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, json.loads(response.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def chat_ids(tokenizer, question: str) -> list[int]:
+    text = tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
+                                         add_generation_prompt=True)
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def test_openai_sdk_chat_and_completions(server):
+    client = openai.OpenAI(base_url=f"{server}/v1", api_key="unused")
+    assert [m.id for m in client.models.list()] == ["smollm2-135m"]
+    chat = client.chat.completions.create(
+        model="smollm2-135m", temperature=0, max_tokens=20,
+        messages=[{"role": "user", "content": "What is the capital of France?"}])
+    assert "Paris" in chat.choices[0].message.content
+    assert chat.choices[0].finish_reason == "stop" and chat.usage.completion_tokens > 0
+    completion = client.completions.create(model="smollm2-135m", prompt="The capital of France is",
+                                           max_tokens=5, temperature=0, logprobs=2)
+    choice = completion.choices[0]
+    assert "Paris" in choice.text and len(choice.logprobs.token_logprobs) == 5
+    assert all(len(top) == 2 for top in choice.logprobs.top_logprobs)
+    tools = [{"type": "function", "function": {"name": "finish", "description": "Stop.",
+                                               "parameters": {"type": "object"}}}]
+    with_tools = client.chat.completions.create(
+        model="smollm2-135m", max_tokens=5, tools=tools, logprobs=True, top_logprobs=1,
+        messages=[{"role": "user", "content": "hi"}])
+    assert len(with_tools.choices[0].logprobs.content) == with_tools.usage.completion_tokens
+
+
+def test_fifty_samples_are_token_exact(server, reference):
+    model, tokenizer = reference
+    prompts = [chat_ids(tokenizer, q) for q in QUESTIONS]
+    status, reply = post(server, "/v1/completions", {
+        "prompt": prompts, "temperature": 1.0, "max_tokens": 24, "n": 10, "logprobs": 0,
+        "return_token_ids": True, "seed": 1})  # five prompts x 10 samples, batched together
+    assert status == 200, reply
+    samples = 0
+    for index, prompt in enumerate(prompts):
+        for choice in reply["choices"][index * 10 : (index + 1) * 10]:
+            assert choice["prompt_token_ids"] == prompt
+            ids = choice["token_ids"]
+            assert tokenizer.decode(ids, skip_special_tokens=True) == choice["text"]
+            expected = teacher_forced_logprobs(model, prompt, ids)
+            assert max_abs_diff(choice["logprobs"]["token_logprobs"], expected) < 1e-3
+            samples += 1
+    assert samples == 50
+
+
+@pytest.mark.parametrize("body, status, words", [
+    (b"{not json", 400, "invalid JSON"),
+    ({"prompt": "hi", "max_tokens": -3}, 400, "max_tokens"),
+    ({"prompt": "hi", "max_token": 3}, 400, "unknown field 'max_token'"),
+    ({"prompt": [1] * 9000, "max_tokens": 1}, 400, "context is 8192"),
+    ({"prompt": [1] * 8000, "max_tokens": 500}, 400, "exceed"),
+    ({"prompt": [10 ** 9], "max_tokens": 1}, 400, "outside the vocabulary"),
+    ({"prompt": "hi", "model": "gpt-4"}, 404, "does not exist"),
+    ({"prompt": "hi", "stream": True}, 400, "streaming is not supported"),
+])
+def test_bad_requests_get_clear_4xx_and_the_server_stays_up(server, body, status, words):
+    code, reply = post(server, "/v1/completions", body)
+    assert code == status and words in reply["error"]["message"], reply
+    assert urllib.request.urlopen(f"{server}/health").status == 200
+
+
+def test_bad_control_and_chat_requests(server):
+    assert post(server, "/pause?mode=sideways", {})[0] == 400
+    code, reply = post(server, "/update_weights", {"path": "/nonexistent.safetensors",
+                                                   "version": 1})
+    assert code == 400 and "not found" in reply["error"]["message"]
+    code, reply = post(server, "/v1/chat/completions", {"messages": []})
+    assert code == 400 and "messages" in reply["error"]["message"]
+    assert post(server, "/v1/models/none", {})[0] in (404, 405)
+
+
+def test_unknown_model_path_is_one_clear_line(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "skyrl_agent.inference.server", "--model",
+                             str(tmp_path / "missing-model"), "--port", "0"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "unknown model" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_tokenize_detokenize_and_metrics(server, reference):
+    _, tokenizer = reference
+    code, reply = post(server, "/tokenize", {"messages": [{"role": "user", "content": "hi"}]})
+    assert code == 200 and reply["tokens"] == chat_ids(tokenizer, "hi")
+    code, reply = post(server, "/detokenize", {"tokens": reply["tokens"]})
+    assert code == 200 and "hi" in reply["prompt"]
+    before = _metrics(server)
+    post(server, "/v1/completions", {"prompt": "Hello", "max_tokens": 3, "ignore_eos": True})
+    after = _metrics(server)
+    assert after["skyrl_inference_requests_total"] == before["skyrl_inference_requests_total"] + 1
+    assert (after["skyrl_inference_generation_tokens_total"]
+            == before["skyrl_inference_generation_tokens_total"] + 3)
+    assert {"skyrl_inference_queue_length", "skyrl_inference_batch_size",
+            "skyrl_inference_tokens_per_second"} <= set(after)
+
+
+def _metrics(server: str) -> dict[str, float]:
+    text = urllib.request.urlopen(f"{server}/metrics").read().decode()
+    return {s.name: s.value for family in text_string_to_metric_families(text)
+            for s in family.samples if not s.labels}
+
+
+async def test_pause_keep_update_resume_with_eight_generations(server, reference, tmp_path):
+    model, tokenizer = reference
+    original = model.state_dict()["model.norm.weight"].clone()
+    zero_norm = tmp_path / "zero-norm.safetensors"  # uniform next-token distribution
+    save_file({"model.norm.weight": torch.zeros_like(original)}, zero_norm)
+    restore = tmp_path / "restore.safetensors"
+    save_file({"model.norm.weight": original}, restore)
+    uniform = -math.log(len(tokenizer))
+    async with InferenceClient([server]) as client:
+        sampling = Sampling(max_tokens=96, temperature=1.0)
+        prompts = [chat_ids(tokenizer, f"Tell a long story about dragon number {i}.")
+                   for i in range(8)]
+        # ignore_eos is not a client field: use stop_token_ids=() and a huge budget instead.
+        tasks = [asyncio.create_task(client.complete(p, sampling, session_id=f"s{i}"))
+                 for i, p in enumerate(prompts)]
+        await _wait_for_tokens(server, 8 * 4)
+        await client.pause("keep")
+        assert await client.is_paused()
+        seconds = await client.update_weights(str(zero_norm), 1)
+        assert seconds[0] > 0
+        await client.resume()
+        outputs = await asyncio.gather(*tasks)
+        fresh = await client.complete(prompts[0], Sampling(max_tokens=8))
+        await client.update_weights(str(restore), 2)
+    mixed = 0
+    for out in outputs:
+        versions = out.token_policy_versions
+        assert len(versions) == len(out.token_ids) == len(out.logprobs)
+        assert list(versions) == sorted(versions) and set(versions) <= {0, 1}
+        for version, logprob in zip(versions, out.logprobs, strict=True):
+            if version == 1:  # sampled by the new (uniform) weights
+                assert abs(logprob - uniform) < 1e-3
+        mixed += 0 in versions and 1 in versions
+    assert mixed >= 1, "no generation spanned the weight update"
+    assert all(abs(lp - uniform) < 1e-3 for lp in fresh.logprobs)
+    assert fresh.token_policy_versions == (1,) * len(fresh.token_ids)
+
+
+async def _wait_for_tokens(server: str, count: int) -> None:
+    for _ in range(600):
+        if _metrics(server)["skyrl_inference_generation_tokens_total"] >= count:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("generation did not start")
+
+
+async def test_abort_pause_is_invisible_to_the_client(server, reference):
+    model, tokenizer = reference
+    prompt = chat_ids(tokenizer, "Count from one to one hundred in words.")
+    async with InferenceClient([server], pause_poll_s=0.05) as client:
+        base = _metrics(server)["skyrl_inference_generation_tokens_total"]
+        task = asyncio.create_task(client.complete(prompt, Sampling(max_tokens=40, seed=5)))
+        await _wait_for_tokens(server, base + 5)
+        await client.pause("abort")
+        await asyncio.sleep(0.3)
+        assert not task.done()
+        await client.resume()
+        out = await task
+    assert out.finish_reason in ("stop", "length") and out.token_ids
+    expected = teacher_forced_logprobs(model, prompt, out.token_ids)
+    assert max_abs_diff(out.logprobs, expected) < 1e-3
+    assert tokenizer.decode(list(out.token_ids), skip_special_tokens=True) == out.text
