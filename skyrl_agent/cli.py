@@ -22,6 +22,8 @@ app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False, add_comp
                   help="skyrl-agent: an RL gym for LLM agents in sandboxes.")
 tasks_app = typer.Typer(no_args_is_help=True, help="Inspect and check Harbor-format task sets.")
 app.add_typer(tasks_app, name="tasks")
+agents_app = typer.Typer(no_args_is_help=True, help="Agents installed as plug-ins.")
+app.add_typer(agents_app, name="agents")
 console = Console()
 err_console = Console(stderr=True)
 
@@ -113,17 +115,20 @@ def tasks_check(
         raise typer.Exit(1)
 
 
-def _run_with_progress(make_coro, total: int, as_json: bool):
+def _run_with_progress(make_coro, total: int, as_json: bool, label: str = "checking"):
     """Run the coroutine with a progress bar on stderr (JSON lines, if asked, go to stdout)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    progress = Progress(TextColumn("checking"), BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), console=err_console, disable=as_json, transient=True)
-    bar = progress.add_task("check", total=total)
+    progress = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
+                        console=err_console, disable=as_json, transient=True)
+    bar = progress.add_task(label, total=total, status="")
+    rewards: list[float] = []
 
     def on_result(result) -> None:
         if as_json:
             print(json.dumps(result.to_json()), flush=True)
-        progress.advance(bar)
+        rewards.append(result.reward if isinstance(result.reward, float) else result.reward.value)
+        progress.update(bar, advance=1, status=f"mean reward {sum(rewards) / len(rewards):.2f}")
 
     async def runner():
         # SIGTERM cancels the run like Ctrl-C does, so every sandbox is stopped on the way out.
@@ -144,6 +149,63 @@ def _print_check_table(results) -> None:
     mean = sum(r.reward for r in results) / max(1, len(results))
     errors = sum(1 for r in results if r.reason)
     console.print(f"{len(results)} tasks, mean reward {mean:.3f}, {errors} with errors")
+
+
+@agents_app.command("list")
+def agents_list() -> None:
+    """List the agents registered under the `skyrl_agent.agents` entry-point group."""
+    from rich.table import Table
+
+    from skyrl_agent import plugins
+    from skyrl_agent.agents.base import agent_class
+    table = Table("agent", "needs a model", "description")
+    for name in plugins.available(plugins.AGENTS):
+        try:
+            cls = agent_class(name)
+        except Exception as exc:  # noqa: BLE001 - a broken plug-in must not hide the others
+            table.add_row(name, "?", f"[red]cannot load: {exc}[/red]")
+            continue
+        doc = (cls.__doc__ or "").strip().splitlines()
+        table.add_row(name, "yes" if cls.needs_model else "no", doc[0] if doc else "")
+    console.print(table)
+
+
+@app.command()
+def rollout(
+    agent: Annotated[str, typer.Option(help="A registered agent (skyrl-agent agents list).")]
+        = "terminus",
+    tasks: Annotated[str, typer.Option(help="A bundled set, a task dir or a dir of tasks.")]
+        = "demo",
+    n: Annotated[int, typer.Option("--n", min=1, help="Samples per task.")] = 1,
+    output: Annotated[Path, typer.Option(help="Run directory for the trajectories.")]
+        = Path("runs/rollout"),
+    endpoint: Annotated[str | None, typer.Option(
+        help="A running OpenAI-compatible server; default: start the embedded one.")] = None,
+    sandbox: Annotated[str | None, typer.Option(help="Sandbox backend: local or docker.")] = None,
+    jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Rollouts run at once.")] = 2,
+    config: ConfigOption = None,
+    overrides: SetOption = None,
+) -> None:
+    """Run an agent on tasks with a model and write token-level trajectories to a run dir."""
+    from skyrl_agent.collector.run import rollout_command
+    flags = [f"agent.name={agent}", f"tasks.source={tasks}"]
+    flags += [f"inference.endpoint={endpoint}"] if endpoint else []
+    flags += [f"sandbox.backend={sandbox}"] if sandbox else []
+    trajectories = rollout_command(
+        config, [*flags, *(overrides or [])], n, output, jobs,
+        lambda make, total: _run_with_progress(make, total, False, label="rollouts"))
+    _print_rollout_table(trajectories, output)
+
+
+def _print_rollout_table(trajectories, output: Path) -> None:
+    from rich.table import Table
+    table = Table("task", "sample", "reward", "finish", "turns", "note")
+    for t in trajectories:
+        table.add_row(t.task_id, str(t.sample_index), f"{t.reward.value:.2f}", t.finish_reason,
+                      str(t.num_turns), t.mask_reason or t.reward.reason or "")
+    console.print(table)
+    mean = sum(t.reward.value for t in trajectories) / max(1, len(trajectories))
+    console.print(f"{len(trajectories)} trajectories, mean reward {mean:.3f} -> {output}")
 
 
 @app.command()

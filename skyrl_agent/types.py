@@ -84,6 +84,9 @@ class Turn:
     """Seconds from request to last token."""
     routed_experts: tuple[tuple[int, ...], ...] | None = None
     """For MoE models with routing replay (R3): the experts chosen per sampled token."""
+    token_policy_versions: tuple[int, ...] | None = None
+    """Per sampled token, the weight version that sampled it (differs within a turn when
+    weights were updated mid-generation); `policy_version` is the oldest of them."""
 
     def __post_init__(self) -> None:
         n = len(self.completion_ids)

@@ -3,10 +3,26 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from skyrl_agent import plugins
 from skyrl_agent.envs.env import Env
+from skyrl_agent.types import FinishReason
+
+if TYPE_CHECKING:
+    from skyrl_agent.agents.session import LLMSession
+
+
+@dataclass(frozen=True)
+class AgentResult:
+    """How an agent's run ended, as the agent saw it (the verifier decides the reward)."""
+
+    finish_reason: FinishReason = FinishReason.STOP
+    """stop (the agent declared it was done), max_turns, context_overflow, ..."""
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    """Agent-specific counts (parse errors, commands run, tool calls, ...)."""
 
 
 class Agent(ABC):
@@ -16,12 +32,52 @@ class Agent(ABC):
     """The registered name."""
     needs_model: ClassVar[bool] = True
     """False for agents that never call the model (oracle, nop): no server is started for them."""
+    tools: ClassVar[list[dict[str, Any]] | None] = None
+    """Tool schemas (OpenAI function format) passed to the chat template, if the agent has any."""
+
+    def __init__(self, max_turns: int = 50) -> None:
+        self.max_turns = max_turns
 
     @abstractmethod
-    async def run(self, env: Env, llm: Any | None) -> None:
-        """Work on env's task until done; the caller verifies afterwards."""
+    async def run(self, env: Env, llm: LLMSession | None) -> AgentResult | None:
+        """Work on env's task until done; the caller verifies afterwards. None means STOP."""
 
 
 def agent_class(name: str) -> type[Agent]:
     """The Agent class registered as `name`; an unknown name lists the available agents."""
     return plugins.load(plugins.AGENTS, name)
+
+
+class ModelAgent(Agent):
+    """An agent that loops model reply -> action -> observation until done or out of turns.
+
+    Subclasses implement `act`; this class turns a context overflow into a finish reason and
+    collects the counts subclasses add to `self.counts`.
+    """
+
+    async def run(self, env: Env, llm: LLMSession | None) -> AgentResult:
+        from skyrl_agent.agents.session import ContextOverflow
+
+        if llm is None:
+            raise ValueError(f"agent {self.name!r} needs a model session")
+        self.counts: dict[str, float] = {}
+        try:
+            finish = await self.act(env, llm)
+        except ContextOverflow:
+            finish = FinishReason.CONTEXT_OVERFLOW
+        return AgentResult(finish, dict(self.counts))
+
+    def count(self, key: str, amount: float = 1) -> None:
+        self.counts[key] = self.counts.get(key, 0) + amount
+
+    @abstractmethod
+    async def act(self, env: Env, llm: LLMSession) -> FinishReason:
+        """The agent's loop; returns why it ended."""
+
+
+def clip(text: str, limit: int) -> str:
+    """Keep the head and tail of a long observation, saying how much was cut."""
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]}\n[... {len(text) - 2 * half} characters cut ...]\n{text[-half:]}"

@@ -2,21 +2,30 @@
 
 from __future__ import annotations
 
+import base64
+import os
+import shlex
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
+from skyrl_agent.envs.terminal import TmuxTerminal
 from skyrl_agent.envs.verifier import verify
-from skyrl_agent.sandboxes.base import ExecResult, Sandbox
+from skyrl_agent.sandboxes.base import ExecResult, Sandbox, SandboxError
 from skyrl_agent.tasks.model import TaskSpec
 from skyrl_agent.types import Reward
 
+_INLINE_WRITE_LIMIT = 64 * 1024  # larger files go through upload (tar) instead of the command line
+
 
 class Env:
-    """What an agent may do: read the instruction, run commands, move files. Then verify()."""
+    """What an agent may do: read the instruction, run commands, read and write files, use a
+    terminal (tmux) in the sandbox. Then verify()."""
 
     def __init__(self, task: TaskSpec, sandbox: Sandbox) -> None:
         self.task = task
         self.sandbox = sandbox
+        self._terminal: TmuxTerminal | None = None
 
     @property
     def instruction(self) -> str:
@@ -31,6 +40,39 @@ class Env:
         """Run a shell command as the task's agent user."""
         return await self.sandbox.exec(command, timeout=timeout, cwd=cwd, env=env,
                                        user=self.task.config.agent.user)
+
+    @property
+    def terminal(self) -> TmuxTerminal:
+        """The sandbox's tmux session (started on first use), in the task's workdir."""
+        if self._terminal is None:
+            self._terminal = TmuxTerminal(self.exec, workdir=self.workdir)
+        return self._terminal
+
+    async def read_file(self, path: str) -> str:
+        """A text file's content; FileNotFoundError when it is missing or not a file."""
+        result = await self.exec(f"test -f {shlex.quote(path)} && cat -- {shlex.quote(path)}",
+                                 timeout=30, cwd=self.workdir)
+        if result.exit_code != 0:
+            raise FileNotFoundError(path)
+        return result.stdout
+
+    async def write_file(self, path: str, content: str) -> None:
+        """Create or replace a file (parent folders are created; an existing file keeps its mode)."""
+        data = content.encode()
+        if len(data) <= _INLINE_WRITE_LIMIT:
+            quoted = shlex.quote(path)
+            encoded = base64.b64encode(data).decode()
+            result = await self.exec(
+                f"mkdir -p -- \"$(dirname -- {quoted})\" && printf %s {encoded} | base64 -d > {quoted}",
+                timeout=30, cwd=self.workdir)
+            if result.exit_code != 0:
+                raise SandboxError(f"cannot write {path}: {result.stderr.strip()[-300:]}")
+            return
+        with tempfile.TemporaryDirectory() as scratch:
+            local = Path(scratch) / "file"
+            local.write_bytes(data)
+            os.chmod(local, 0o644)
+            await self.upload(local, path)
 
     async def upload(self, local: Path, remote: str) -> None:
         await self.sandbox.upload(local, remote)

@@ -1,0 +1,91 @@
+"""CodeAct behaviour with OpenHands' tool set: one tool call per reply, its result comes back."""
+
+from __future__ import annotations
+
+import shlex
+
+from skyrl_agent.agents.base import ModelAgent, clip
+from skyrl_agent.agents.codeact import prompts
+from skyrl_agent.agents.codeact.editor import FileEditor
+from skyrl_agent.agents.codeact.parsing import NoToolCall, ToolCall, parse_tool_calls
+from skyrl_agent.agents.codeact.tools import TOOLS
+from skyrl_agent.agents.session import LLMSession
+from skyrl_agent.envs.env import Env
+from skyrl_agent.types import FinishReason
+
+_CWD_MARK = "__SKYRL_CWD__"
+
+
+class CodeActAgent(ModelAgent):
+    """Calls execute_bash / str_replace_editor / think until it calls finish."""
+
+    name = "openhands"
+    tools = TOOLS
+
+    def __init__(self, max_turns: int = 50, command_timeout_s: float = 120.0,
+                 max_output_chars: int = 10000) -> None:
+        super().__init__(max_turns)
+        self.command_timeout_s = command_timeout_s
+        self.max_output_chars = max_output_chars
+
+    async def act(self, env: Env, llm: LLMSession) -> FinishReason:
+        self.cwd = env.workdir
+        editor = FileEditor(env)
+        messages = [{"role": "system", "content": prompts.SYSTEM},
+                    {"role": "user", "content": prompts.TASK.format(
+                        instruction=env.instruction.strip(), workdir=env.workdir)}]
+        for _ in range(self.max_turns):
+            reply = await llm.chat(messages)
+            try:
+                calls = parse_tool_calls(reply.text)
+            except NoToolCall as exc:
+                self.count("parse_errors")
+                messages = [{"role": "user", "content": prompts.NO_TOOL.format(error=exc)}]
+                continue
+            call = calls[0]
+            if call.name == "finish":
+                return FinishReason.STOP
+            output = await self._execute(env, editor, call)
+            if len(calls) > 1:
+                output += "\n" + prompts.EXTRA_CALLS.format(count=len(calls) - 1)
+            messages = [{"role": "user", "content": prompts.RESULT.format(
+                tool=call.name, output=clip(output, self.max_output_chars))}]
+        return FinishReason.MAX_TURNS
+
+    async def _execute(self, env: Env, editor: FileEditor, call: ToolCall) -> str:
+        self.count(f"calls_{call.name}")
+        if call.name == "execute_bash":
+            return await self._bash(env, call.arguments)
+        if call.name == "str_replace_editor":
+            return await editor(call.arguments)
+        if call.name == "think":
+            return "Your thought has been noted."
+        self.count("unknown_tools")
+        return (f"ERROR: there is no tool named {call.name!r}; use execute_bash, "
+                "str_replace_editor, think or finish.")
+
+    async def _bash(self, env: Env, arguments: dict) -> str:
+        command = arguments.get("command")
+        if not isinstance(command, str) or not command.strip():
+            return "ERROR: execute_bash needs a non-empty `command`."
+        timeout = self.command_timeout_s
+        try:
+            timeout = min(float(arguments.get("timeout", timeout)), self.command_timeout_s)
+        except (TypeError, ValueError):
+            pass
+        # The working directory persists between calls: report it after the command.
+        script = (f"cd {shlex.quote(self.cwd)} 2>/dev/null\n{command}\n__rc=$?\n"
+                  f"printf '\\n{_CWD_MARK}%s\\n' \"$(pwd)\"\nexit $__rc")
+        result = await env.exec(script, timeout=max(timeout, 1.0))
+        stdout, mark, cwd = result.stdout.rpartition(_CWD_MARK)
+        if mark and cwd.strip():
+            self.cwd = cwd.strip()
+        else:  # the command exited the shell early: keep the old working directory
+            stdout = result.stdout
+        output = stdout.rstrip("\n")
+        if result.stderr.strip():
+            output += ("\n" if output else "") + result.stderr.rstrip("\n")
+        if result.timed_out:
+            self.count("command_timeouts")
+            return f"{output}\n[The command was stopped after {timeout:g} s (timeout).]"
+        return f"{output}\n[exit code {result.exit_code}]"

@@ -1,0 +1,87 @@
+"""Rendering only the new messages of a growing chat, as token ids, with the model's template.
+
+Re-tokenizing a whole transcript each turn is what makes trainer and sampler disagree: the
+template and the tokenizer do not round-trip what the model sampled. Instead a conversation is
+rendered once, and afterwards only the text the template would put after the last assistant
+reply is tokenized and appended to the ids already sent and sampled.
+
+The template's shape is learned once per tokenizer by rendering a probe conversation:
+- what it writes after an assistant message (e.g. `<|im_end|>\\n` for ChatML), split into the
+  end-of-turn token the model samples itself and the separator that follows it;
+- what it writes for new messages after that (e.g. `<|im_start|>user\\n...<|im_start|>assistant\\n`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+Message = dict[str, Any]
+_PROBE_HEAD: list[Message] = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+_MARKER = "PROBE-REPLY-4f1c"
+
+
+class TemplateError(ValueError):
+    """The model's chat template cannot be rendered incrementally."""
+
+
+class ChatRenderer:
+    """Token ids for a conversation's start, and for the messages that extend it."""
+
+    def __init__(self, tokenizer: Any, tools: list[dict[str, Any]] | None = None) -> None:
+        if not getattr(tokenizer, "chat_template", None):
+            raise TemplateError("the model has no chat template")
+        self.tokenizer = tokenizer
+        self.tools = tools
+        with_reply = self._text([*_PROBE_HEAD, {"role": "assistant", "content": _MARKER}], False)
+        if _MARKER not in with_reply:
+            raise TemplateError("the chat template drops assistant messages")
+        self._probe = with_reply
+        after_reply = with_reply[with_reply.rindex(_MARKER) + len(_MARKER):]
+        eos = tokenizer.eos_token or ""
+        if eos and after_reply.startswith(eos):
+            self.end_of_turn, self.separator = eos, after_reply[len(eos):]
+        else:
+            self.end_of_turn, self.separator = "", after_reply
+        self.end_of_turn_ids = frozenset(
+            i for i in (tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids(eos or "")) if
+            isinstance(i, int) and i >= 0)
+
+    def _text(self, messages: Sequence[Message], add_generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(
+            list(messages), tools=self.tools, tokenize=False,
+            add_generation_prompt=add_generation_prompt)
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def start(self, messages: Sequence[Message]) -> list[int]:
+        """The ids of a fresh conversation, ending with the assistant generation prompt."""
+        return self._encode(self._text(messages, True))
+
+    def extend(self, completion_ids: Sequence[int], messages: Sequence[Message]) -> list[int]:
+        """Ids to append after a sampled completion so that `messages` follow it.
+
+        A completion cut off by max_tokens did not sample its end-of-turn token; it is added
+        here (as prompt, never as a trained token).
+        """
+        closed = bool(completion_ids) and completion_ids[-1] in self.end_of_turn_ids
+        text = ("" if closed else self.end_of_turn) + self.separator + self.new_messages(messages)
+        return self._encode(text)
+
+    def new_messages(self, messages: Sequence[Message]) -> str:
+        """The template's text for `messages` following an assistant reply, plus the prompt."""
+        probe = [*_PROBE_HEAD, {"role": "assistant", "content": _MARKER}]
+        full = self._text([*probe, *messages], True)
+        if not full.startswith(self._probe):
+            raise TemplateError("the chat template rewrites earlier messages when new ones "
+                                "follow; it cannot be rendered incrementally")
+        return full[len(self._probe):]
+
+    def full(self, messages: Sequence[Message]) -> list[int]:
+        """A from-scratch rendering of the whole conversation (for the drift metric only),
+        ending where a recorded conversation ends: after the last end-of-turn token."""
+        text = self._text(messages, False)
+        if self.separator and text.endswith(self.separator):
+            text = text[: -len(self.separator)]
+        return self._encode(text)

@@ -1,0 +1,204 @@
+"""LLMSession: the only way an agent calls the model, recorded token-exactly.
+
+Within a segment, turn k+1's prompt is turn k's prompt + completion + the new messages rendered
+alone (see rendering.py), so the ids trained on are the ids the model saw and sampled.
+
+When the next prompt would pass the context budget the session summarizes: it asks the model to
+summarize progress (a recorded, trainable turn that closes the segment), then opens a new segment
+`[system, task + summary]` followed by the pending new messages, and the agent carries on.
+"""
+
+from __future__ import annotations
+
+import difflib
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from skyrl_agent.agents.rendering import ChatRenderer, Message
+from skyrl_agent.inference.client import Completion, InferenceClient, Sampling
+from skyrl_agent.types import FinishReason, Segment, Turn
+
+SUMMARY_PROMPT = (
+    "Your context is almost full. Write a summary of your progress for yourself: what the task "
+    "is, what you did and found, what files you changed, what is still left to do, and the next "
+    "step. Reply with the summary only; it will replace the conversation so far.")
+SUMMARY_HEADER = "Summary of your earlier work on this task (your context was reset):"
+
+
+class ContextOverflow(Exception):
+    """The conversation does not fit the context window, even after summarizing."""
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    """Budgets and sampling of one session."""
+
+    max_context_tokens: int = 8192
+    """Prompt + completion never exceed this."""
+    max_tokens: int = 1024
+    """Most tokens per model call."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    summarize_at: float = 0.85
+    """Summarize when a prompt would pass this fraction of max_context_tokens."""
+    min_completion_tokens: int = 64
+    """Summarize when fewer tokens than this would be left for the reply."""
+    summary_max_tokens: int = 512
+    max_summaries: int = 4
+    """Past this many summaries in one trajectory the session gives up (context overflow)."""
+    summary_prompt: str = SUMMARY_PROMPT
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What the agent sees of one model call."""
+
+    text: str
+    finish_reason: FinishReason
+    """stop (end of turn or stop string) or length (max_tokens)."""
+
+
+@dataclass
+class _Segment:
+    messages: list[Message]
+    turns: list[Turn] = field(default_factory=list)
+    summary_turn_index: int | None = None
+
+
+class LLMSession:
+    """One agent's conversation with the model: token-exact turns, segments, summaries."""
+
+    def __init__(self, client: InferenceClient, tokenizer: Any, config: SessionConfig,
+                 tools: list[dict[str, Any]] | None = None, session_id: str | None = None,
+                 seed: int | None = None) -> None:
+        self.client = client
+        self.tokenizer = tokenizer
+        self.config = config
+        self.renderer = ChatRenderer(tokenizer, tools)
+        self.session_id = session_id or uuid.uuid4().hex
+        self.seed = seed
+        self.summaries = 0
+        self._head: list[Message] = []
+        self._segments: list[_Segment] = []
+
+    # ---- the agent's API ----------------------------------------------------------------------
+
+    async def chat(self, messages: Sequence[Message]) -> Reply:
+        """Send new messages, get the model's reply. The first call's messages (system prompt +
+        task) are the head that every summarized segment restarts from."""
+        messages = list(messages)
+        if not self._segments:
+            self._head = messages
+            self._segments.append(_Segment(messages=[]))
+        prompt = self._next_prompt(messages)
+        if self._needs_summary(len(prompt)):
+            prompt = await self._summarize_and_restart(messages)
+        completion = await self._complete(prompt, self._budget(len(prompt), self.config.max_tokens))
+        self._current.messages += [*messages, _assistant(completion.text)]
+        return Reply(completion.text, self._current.turns[-1].finish_reason)
+
+    @property
+    def segments(self) -> tuple[Segment, ...]:
+        return tuple(Segment(tuple(s.turns), s.summary_turn_index) for s in self._segments
+                     if s.turns)
+
+    @property
+    def num_turns(self) -> int:
+        return sum(len(s.turns) for s in self._segments)
+
+    def metrics(self) -> dict[str, float]:
+        turns = [t for s in self._segments for t in s.turns]
+        return {"turns": len(turns), "summaries": self.summaries,
+                "prompt_tokens": sum(len(t.prompt_ids) for t in turns),
+                "completion_tokens": sum(len(t.completion_ids) for t in turns),
+                "drift_tokens": self.drift_tokens()}
+
+    def drift_tokens(self) -> int:
+        """Tokens that differ between the recorded ids and a from-scratch re-render of each
+        segment's conversation (a measure of what re-tokenizing would have got wrong)."""
+        drift = 0
+        for segment in self._segments:
+            if not segment.turns:
+                continue
+            last = segment.turns[-1]
+            recorded = list(last.prompt_ids + last.completion_ids)
+            rerendered = self.renderer.full(segment.messages)
+            matcher = difflib.SequenceMatcher(None, recorded, rerendered, autojunk=False)
+            same = sum(block.size for block in matcher.get_matching_blocks())
+            drift += len(recorded) + len(rerendered) - 2 * same
+        return drift
+
+    # ---- internals ----------------------------------------------------------------------------
+
+    @property
+    def _current(self) -> _Segment:
+        return self._segments[-1]
+
+    def _next_prompt(self, messages: list[Message]) -> list[int]:
+        segment = self._current
+        if not segment.turns:
+            return self.renderer.start([*segment.messages, *messages])
+        last = segment.turns[-1]
+        return [*last.prompt_ids, *last.completion_ids,
+                *self.renderer.extend(last.completion_ids, messages)]
+
+    def _needs_summary(self, prompt_len: int) -> bool:
+        limit = self.config.max_context_tokens
+        return (prompt_len > self.config.summarize_at * limit
+                or limit - prompt_len < self.config.min_completion_tokens)
+
+    def _budget(self, prompt_len: int, wanted: int) -> int:
+        room = self.config.max_context_tokens - prompt_len
+        if room < 1:
+            raise ContextOverflow(f"the prompt has {prompt_len} tokens; the context is "
+                                  f"{self.config.max_context_tokens}")
+        return min(wanted, room)
+
+    async def _summarize_and_restart(self, pending: list[Message]) -> list[int]:
+        if self.summaries >= self.config.max_summaries or not self._current.turns:
+            raise ContextOverflow("the conversation does not fit the context even after "
+                                  f"{self.summaries} summaries")
+        request = [{"role": "user", "content": self.config.summary_prompt}]
+        prompt = self._next_prompt(request)
+        completion = await self._complete(prompt,
+                                          self._budget(len(prompt), self.config.summary_max_tokens))
+        self._current.messages += [*request, _assistant(completion.text)]
+        self._current.summary_turn_index = len(self._current.turns) - 1
+        self.summaries += 1
+        system, *task = self._head
+        restarted = [system, *task[:-1],
+                     {**task[-1], "content": f"{task[-1]['content']}\n\n{SUMMARY_HEADER}\n"
+                                            f"{completion.text.strip()}"}] if task else [system]
+        self._segments.append(_Segment(messages=restarted))
+        prompt = self._next_prompt(pending)
+        if self._needs_summary(len(prompt)):
+            raise ContextOverflow(f"even a fresh segment with the summary needs {len(prompt)} "
+                                  f"tokens of {self.config.max_context_tokens}")
+        return prompt
+
+    async def _complete(self, prompt: list[int], max_tokens: int) -> Completion:
+        started = time.time()
+        seed = None if self.seed is None else self.seed + self.num_turns
+        completion = await self.client.complete(
+            prompt, Sampling(max_tokens=max_tokens, temperature=self.config.temperature,
+                             top_p=self.config.top_p, seed=seed), session_id=self.session_id)
+        n = len(completion.token_ids)
+        self._current.turns.append(Turn(
+            prompt_ids=tuple(prompt), completion_ids=completion.token_ids,
+            completion_logprobs=completion.logprobs, loss_mask=(1,) * n,
+            policy_version=completion.policy_version,
+            finish_reason=FinishReason.STOP if completion.finish_reason == "stop"
+            else FinishReason.LENGTH,
+            started_at=started, latency_s=completion.latency_s,
+            token_policy_versions=completion.token_policy_versions))
+        return completion
+
+    def close(self) -> None:
+        self.client.end_session(self.session_id)
+
+
+def _assistant(text: str) -> Message:
+    return {"role": "assistant", "content": text}

@@ -1,0 +1,63 @@
+"""Terminus behaviour: JSON replies with keystrokes for a tmux pane; the pane is the observation."""
+
+from __future__ import annotations
+
+from skyrl_agent.agents.base import ModelAgent, clip
+from skyrl_agent.agents.session import LLMSession
+from skyrl_agent.agents.terminus import prompts
+from skyrl_agent.agents.terminus.parsing import MalformedReply, TerminusReply, parse_reply
+from skyrl_agent.envs.env import Env
+from skyrl_agent.types import FinishReason
+
+
+class TerminusAgent(ModelAgent):
+    """Types into a terminal until it declares the task complete twice in a row."""
+
+    name = "terminus"
+
+    def __init__(self, max_turns: int = 50, max_wait_s: float = 30.0,
+                 max_screen_chars: int = 8000) -> None:
+        super().__init__(max_turns)
+        self.max_wait_s = max_wait_s
+        self.max_screen_chars = max_screen_chars
+
+    async def act(self, env: Env, llm: LLMSession) -> FinishReason:
+        screen = await self._screen(env)
+        messages = [{"role": "system", "content": prompts.SYSTEM},
+                    {"role": "user", "content": prompts.TASK.format(
+                        instruction=env.instruction.strip(), screen=screen)}]
+        asked_to_confirm = False
+        for _ in range(self.max_turns):
+            reply = await llm.chat(messages)
+            try:
+                parsed = parse_reply(reply.text)
+            except MalformedReply as exc:
+                self.count("parse_errors")
+                messages = [{"role": "user", "content": prompts.MALFORMED.format(error=exc)}]
+                continue
+            notes = await self._run_commands(env, parsed)
+            screen = await self._screen(env)
+            if parsed.task_complete:
+                if asked_to_confirm:
+                    return FinishReason.STOP
+                asked_to_confirm = True
+                messages = [{"role": "user", "content": prompts.CONFIRM.format(screen=screen)}]
+                continue
+            asked_to_confirm = False
+            text = prompts.SCREEN.format(screen=screen)
+            messages = [{"role": "user", "content": "\n".join([*notes, text])}]
+        return FinishReason.MAX_TURNS
+
+    async def _run_commands(self, env: Env, reply: TerminusReply) -> list[str]:
+        notes = []
+        for command in reply.commands:
+            wait = min(command.duration_s, self.max_wait_s)
+            if command.duration_s > self.max_wait_s:
+                self.count("capped_waits")
+                notes.append(prompts.CAPPED.format(wanted=command.duration_s, cap=self.max_wait_s))
+            await env.terminal.send_keys(command.keystrokes, wait)
+            self.count("commands")
+        return notes
+
+    async def _screen(self, env: Env) -> str:
+        return clip(await env.terminal.capture(), self.max_screen_chars)

@@ -1,0 +1,1 @@
+"""Running rollouts: one (rollout.py) or many (the collector), and recording them."""
