@@ -27,7 +27,8 @@ app.add_typer(agents_app, name="agents")
 console = Console()
 err_console = Console(stderr=True)
 
-ConfigOption = Annotated[Path | None, typer.Option("--config", "-c", help="YAML or TOML run config.")]
+ConfigOption = Annotated[Path | None, typer.Option("--config", "-c",
+                                                   help="YAML or TOML run config.")]
 SetOption = Annotated[list[str] | None, typer.Option(
     "--set", help="Override a config value: section.key=value (repeatable).")]
 

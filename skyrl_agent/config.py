@@ -82,7 +82,13 @@ class AgentConfig(_Section):
     max_turns: int = Field(default=50, gt=0)
     """Most model calls per trajectory."""
     max_context_tokens: int = Field(default=8192, ge=256)
-    """Context budget; past it the session summarizes."""
+    """Context budget of one LLM session: prompt + reply never exceed it."""
+    summarize_at: float = Field(default=0.85, gt=0, le=1)
+    """Summarize when a prompt would pass this fraction of max_context_tokens."""
+    max_summaries: int = Field(default=4, ge=0)
+    """Summaries allowed per trajectory; past them the run ends with context_overflow."""
+    summary_prompt: str | None = None
+    """The request that asks the model to summarize; None uses the built-in one."""
 
 
 class InferenceConfig(_Section):

@@ -1,4 +1,4 @@
-"""Shared fixtures: sandbox backends, and a guard that makes the Docker tier run, not skip, in CI."""
+"""Shared fixtures: sandbox backends, the Docker-tier guard (run, not skip, in CI), models."""
 
 from __future__ import annotations
 

@@ -30,13 +30,18 @@ def tokenizer(smollm2_dir):
     return AutoTokenizer.from_pretrained(smollm2_dir)
 
 
-async def rollout(agent, task_name, script, tokenizer, session=SessionConfig(max_tokens=400)):
+DEFAULT_SESSION = SessionConfig(max_tokens=400)
+
+
+async def rollout(agent, task_name, script, tokenizer, session=DEFAULT_SESSION,
+                  config: RunConfig | None = None):
     async with ScriptedServer(tokenizer, script) as server:
         async with InferenceClient([server.url]) as client:
             def sessions(agent, session_id):
                 return LLMSession(client, tokenizer, session, tools=agent.tools,
                                   session_id=session_id)
-            trajectory = await run_rollout(find_task(task_name), 0, agent, RunConfig(), sessions)
+            trajectory = await run_rollout(find_task(task_name), 0, agent, config or RunConfig(),
+                                           sessions)
     prompts = [tokenizer.decode(p) for p in server.prompts]
     return trajectory, prompts
 
@@ -58,9 +63,10 @@ def terminus(keystrokes: str = "", duration: float = 0.3, complete: bool = False
 DONE = terminus(complete=True)
 
 
-async def test_terminus_success(tokenizer):
+async def test_terminus_success(tokenizer, sandbox_config):
     trajectory, prompts = await rollout(
-        TerminusAgent(), "demo/hello-file", replies(terminus(HELLO + "\n"), DONE, DONE), tokenizer)
+        TerminusAgent(), "demo/hello-file", replies(terminus(HELLO + "\n"), DONE, DONE), tokenizer,
+        config=RunConfig(sandbox=sandbox_config))
     assert trajectory.finish_reason == FinishReason.STOP and trajectory.reward.value == 1.0
     assert trajectory.num_turns == 3 and len(trajectory.segments) == 1
     assert "Are you sure" not in prompts[1] and "You marked the task as complete" in prompts[2]
@@ -128,7 +134,7 @@ def call(name: str, **params: str) -> str:
 FINISH = call("finish", message="done")
 
 
-async def test_codeact_success_with_editor_and_native_calls(tokenizer):
+async def test_codeact_success_with_editor_and_native_calls(tokenizer, sandbox_config):
     native = json.dumps({"name": "str_replace_editor", "arguments": {
         "command": "str_replace", "path": "paginate.py", "old_str": "start = page * per_page",
         "new_str": "start = (page - 1) * per_page"}})
@@ -142,7 +148,8 @@ async def test_codeact_success_with_editor_and_native_calls(tokenizer):
         call("execute_bash", command="cd /app && python3 -c 'import paginate as p; "
              "print(p.page_count(7, 3), p.get_page(list(range(1, 8)), 3, 3))'"),
         FINISH)
-    trajectory, prompts = await rollout(CodeActAgent(), "demo/python-offbyone", script, tokenizer)
+    trajectory, prompts = await rollout(CodeActAgent(), "demo/python-offbyone", script, tokenizer,
+                                        config=RunConfig(sandbox=sandbox_config))
     assert "def page_count" in prompts[1] and "Edited /app/paginate.py" in prompts[3]
     assert "3 [7]" in prompts[5] and "[exit code 0]" in prompts[5]
     assert trajectory.reward.value == 1.0 and trajectory.num_turns == 6

@@ -8,7 +8,8 @@ reply is tokenized and appended to the ids already sent and sampled.
 The template's shape is learned once per tokenizer by rendering a probe conversation:
 - what it writes after an assistant message (e.g. `<|im_end|>\\n` for ChatML), split into the
   end-of-turn token the model samples itself and the separator that follows it;
-- what it writes for new messages after that (e.g. `<|im_start|>user\\n...<|im_start|>assistant\\n`).
+- what it writes for new messages after that
+  (e.g. `<|im_start|>user\\n...<|im_start|>assistant\\n`).
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 from collections.abc import AsyncIterator, Callable
@@ -50,11 +51,18 @@ async def model_sessions(config: RunConfig, run_dir: Path) -> AsyncIterator[Sess
     if not urls:
         server = embedded_server(inference.model, log_path=run_dir / "server.log")
         urls = [await asyncio.to_thread(server.start)]
+    budget = config.agent
     session_config = SessionConfig(
-        max_context_tokens=config.agent.max_context_tokens, max_tokens=inference.max_tokens,
-        temperature=inference.temperature, top_p=inference.top_p)
+        max_context_tokens=budget.max_context_tokens, max_tokens=inference.max_tokens,
+        temperature=inference.temperature, top_p=inference.top_p,
+        summarize_at=budget.summarize_at, max_summaries=budget.max_summaries,
+        **({"summary_prompt": budget.summary_prompt} if budget.summary_prompt else {}))
     try:
         async with InferenceClient(urls) as client:
+            served = await client.max_model_len()
+            if served and served < session_config.max_context_tokens:
+                session_config = dataclasses.replace(session_config, max_context_tokens=served)
+
             def factory(agent: Agent, session_id: str) -> LLMSession:
                 return LLMSession(client, tokenizer, session_config, tools=agent.tools,
                                   session_id=session_id)

@@ -57,13 +57,15 @@ class Env:
         return result.stdout
 
     async def write_file(self, path: str, content: str) -> None:
-        """Create or replace a file (parent folders are created; an existing file keeps its mode)."""
+        """Create or replace a file (parent folders are created; an existing file keeps its
+        mode)."""
         data = content.encode()
         if len(data) <= _INLINE_WRITE_LIMIT:
             quoted = shlex.quote(path)
             encoded = base64.b64encode(data).decode()
             result = await self.exec(
-                f"mkdir -p -- \"$(dirname -- {quoted})\" && printf %s {encoded} | base64 -d > {quoted}",
+                f"mkdir -p -- \"$(dirname -- {quoted})\" && "
+                f"printf %s {encoded} | base64 -d > {quoted}",
                 timeout=30, cwd=self.workdir)
             if result.exit_code != 0:
                 raise SandboxError(f"cannot write {path}: {result.stderr.strip()[-300:]}")

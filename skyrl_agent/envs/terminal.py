@@ -74,5 +74,6 @@ class TmuxTerminal:
     async def _tmux(self, arguments: str) -> ExecResult:
         result = await self._exec(f"tmux {arguments}", timeout=15)
         if result.exit_code != 0:
-            raise SandboxError(f"tmux {arguments.split()[0]} failed: {result.stderr.strip()[-300:]}")
+            raise SandboxError(f"tmux {arguments.split()[0]} failed: "
+                               f"{result.stderr.strip()[-300:]}")
         return result

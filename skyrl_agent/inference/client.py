@@ -216,6 +216,14 @@ class InferenceClient:
             server.policy_version = version
         return [float(r.get("seconds", 0.0)) for r in replies]
 
+    async def max_model_len(self) -> int | None:
+        """The smallest context length the servers report on /v1/models (None if unknown)."""
+        replies = await self._fan_out("GET", "/v1/models")
+        lengths = [card.get("max_model_len") for reply in replies
+                   for card in (reply.get("data") or [])[:1]]
+        known = [n for n in lengths if isinstance(n, int) and n > 0]
+        return min(known) if known else None
+
     async def health(self) -> bool:
         try:
             await self._fan_out("GET", "/health")

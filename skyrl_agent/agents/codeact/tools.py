@@ -1,4 +1,4 @@
-"""The tool schemas, matching OpenHands' CodeAct names and parameters (descriptions written here)."""
+"""Tool schemas matching OpenHands' CodeAct names and parameters (descriptions written here)."""
 
 from __future__ import annotations
 

@@ -32,7 +32,8 @@ Current terminal screen:
 SCREEN = """New terminal screen:
 {screen}"""
 
-CAPPED = "(You asked to wait {wanted:g} s; waits are capped at {cap:g} s. Commands may still be running.)"
+CAPPED = ("(You asked to wait {wanted:g} s; waits are capped at {cap:g} s. "
+          "Commands may still be running.)")
 
 CONFIRM = """Current terminal screen:
 {screen}
