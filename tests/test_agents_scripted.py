@@ -185,3 +185,23 @@ async def test_codeact_context_overflow_summarizes_into_a_new_segment(tokenizer)
     trajectory, prompts = await rollout(CodeActAgent(), "demo/hello-file", script, tokenizer,
                                         session)
     await check_summarized(trajectory, prompts)
+
+
+async def test_a_sandbox_that_dies_gives_a_masked_trajectory(tokenizer):
+    script = replies(call("execute_bash", command="sleep 20", timeout="60"),
+                     call("execute_bash", command="ls"), FINISH)
+    config = RunConfig(sandbox={"deadline_s": 3})
+    trajectory, _ = await rollout(CodeActAgent(), "demo/hello-file", script, tokenizer,
+                                  config=config)
+    assert trajectory.masked and trajectory.finish_reason == FinishReason.SANDBOX_ERROR
+    assert "deadline" in trajectory.mask_reason
+    assert trajectory.num_turns >= 1  # the turns recorded before it died are kept
+
+
+async def test_a_failing_model_server_gives_a_masked_trajectory(tokenizer):
+    def broken(prompt: str) -> str:
+        raise RuntimeError("model exploded")
+
+    trajectory, _ = await rollout(TerminusAgent(), "demo/hello-file", broken, tokenizer)
+    assert trajectory.masked and trajectory.finish_reason == FinishReason.ERROR
+    assert "model server" in trajectory.mask_reason and "500" in trajectory.mask_reason
