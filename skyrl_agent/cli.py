@@ -9,6 +9,7 @@ import asyncio
 import json
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -24,8 +25,8 @@ tasks_app = typer.Typer(no_args_is_help=True, help="Inspect and check Harbor-for
 app.add_typer(tasks_app, name="tasks")
 agents_app = typer.Typer(no_args_is_help=True, help="Agents installed as plug-ins.")
 app.add_typer(agents_app, name="agents")
-console = Console()
-err_console = Console(stderr=True)
+console = Console(soft_wrap=True)  # piped output keeps whole lines
+err_console = Console(stderr=True, soft_wrap=True)
 
 ConfigOption = Annotated[Path | None, typer.Option("--config", "-c",
                                                    help="YAML or TOML run config.")]
@@ -124,12 +125,19 @@ def _run_with_progress(make_coro, total: int, as_json: bool, label: str = "check
                         console=err_console, disable=as_json, transient=True)
     bar = progress.add_task(label, total=total, status="")
     rewards: list[float] = []
+    errors = 0
+    started = time.monotonic()
 
     def on_result(result) -> None:
+        nonlocal errors
         if as_json:
             print(json.dumps(result.to_json()), flush=True)
         rewards.append(result.reward if isinstance(result.reward, float) else result.reward.value)
-        progress.update(bar, advance=1, status=f"mean reward {sum(rewards) / len(rewards):.2f}")
+        errors += bool(getattr(result, "masked", False) or getattr(result, "reason", None))
+        per_minute = len(rewards) / max(time.monotonic() - started, 1e-6) * 60
+        progress.update(bar, advance=1, status=(
+            f"reward {sum(rewards) / len(rewards):.2f} · errors {errors} · "
+            f"{per_minute:.1f}/min"))
 
     async def runner():
         # SIGTERM cancels the run like Ctrl-C does, so every sandbox is stopped on the way out.
@@ -183,17 +191,21 @@ def rollout(
     endpoint: Annotated[str | None, typer.Option(
         help="A running OpenAI-compatible server; default: start the embedded one.")] = None,
     sandbox: Annotated[str | None, typer.Option(help="Sandbox backend: local or docker.")] = None,
-    jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Rollouts run at once.")] = 2,
+    jobs: Annotated[int | None, typer.Option("--jobs", "-j", min=1, help=(
+        "Rollouts run at once (collector.max_concurrent_sandboxes)."))] = None,
     config: ConfigOption = None,
     overrides: SetOption = None,
 ) -> None:
-    """Run an agent on tasks with a model and write token-level trajectories to a run dir."""
+    """Run an agent on tasks with a model and store token-level trajectories in a run dir.
+
+    Running it again on the same --output resumes: stored samples are skipped."""
     from skyrl_agent.collector.run import rollout_command
     flags = [f"agent.name={agent}", f"tasks.source={tasks}"]
     flags += [f"inference.endpoint={endpoint}"] if endpoint else []
     flags += [f"sandbox.backend={sandbox}"] if sandbox else []
+    flags += [f"collector.max_concurrent_sandboxes={jobs}"] if jobs else []
     trajectories = rollout_command(
-        config, [*flags, *(overrides or [])], n, output, jobs,
+        config, [*flags, *(overrides or [])], n, output,
         lambda make, total: _run_with_progress(make, total, False, label="rollouts"))
     _print_rollout_table(trajectories, output)
 
@@ -207,6 +219,51 @@ def _print_rollout_table(trajectories, output: Path) -> None:
     console.print(table)
     mean = sum(t.reward.value for t in trajectories) / max(1, len(trajectories))
     console.print(f"{len(trajectories)} trajectories, mean reward {mean:.3f} -> {output}")
+
+
+@app.command("eval")
+def eval_run(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory written by rollout or train.")],
+    compare_to: Annotated[Path | None, typer.Option(
+        "--compare", help="A second run: per-task rewards side by side.")] = None,
+    regrade: Annotated[bool, typer.Option(
+        help="Re-run each task's tests in a fresh sandbox on the stored final state.")] = False,
+    html: Annotated[Path | None, typer.Option(help="Write a self-contained HTML report.")]
+        = None,
+    atif: Annotated[Path | None, typer.Option(
+        help="Export every trajectory as Harbor ATIF JSON into this folder.")] = None,
+    sandbox: Annotated[str | None, typer.Option(help="Sandbox backend for --regrade.")] = None,
+    jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Re-grades run at once.")]
+        = 2,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+) -> None:
+    """Statistics of stored trajectories: reward, pass@k, per task, finish reasons, tokens."""
+    import dataclasses
+
+    from skyrl_agent.evaluation import command
+    from skyrl_agent.evaluation.stats import summarize
+    trajectories = command.load_run(run_dir, err_console)
+    summary = summarize(trajectories)
+    if as_json:
+        print(json.dumps(dataclasses.asdict(summary)))
+    else:
+        command.print_summary(summary, console, str(run_dir))
+    if compare_to is not None:
+        other = summarize(command.load_run(compare_to, err_console))
+        command.print_comparison(summary, other, (str(run_dir), str(compare_to)), console)
+    if regrade:
+        command.print_regrades(trajectories, run_dir, sandbox, jobs, console)
+    if html is not None or atif is not None:
+        decode = command.decoder(run_dir, err_console)
+        if html is not None:
+            from skyrl_agent.evaluation.html import write_report
+            write_report(html, summary, trajectories, f"skyrl-agent run {run_dir}", decode)
+            err_console.print(f"report: {html}")
+        if atif is not None:
+            from skyrl_agent.evaluation.atif import export_atif
+            paths = export_atif(trajectories, atif, decode or (lambda ids: ""),
+                                command.run_model(run_dir))
+            err_console.print(f"{len(paths)} ATIF trajectories in {atif}")
 
 
 @app.command()

@@ -114,6 +114,10 @@ class CollectorConfig(_Section):
     """Group size n: samples per task."""
     max_concurrent_sandboxes: int = Field(default=8, gt=0)
     max_inflight_requests: int = Field(default=32, gt=0)
+    """Most model calls in flight across all rollouts."""
+    sandbox_start_timeout_s: float = Field(default=900.0, gt=0)
+    """Deadline for starting a sandbox (image build included); past it the attempt is an
+    infrastructure error."""
     infra_retries: int = Field(default=2, ge=0)
     """Retries of a sample after a sandbox or infrastructure error, before it is masked."""
     mask_group_on_failure: bool = False

@@ -20,6 +20,14 @@ TRAINERS = "skyrl_agent.trainers"
 _KIND = {AGENTS: "agent", SANDBOXES: "sandbox", TASK_SOURCES: "task source", TRAINERS: "trainer"}
 
 
+_registered: dict[str, dict[str, Any]] = {}
+
+
+def register(group: str, name: str, obj: Any) -> None:
+    """Register an object in-process (notebooks, benchmarks); packages use entry points."""
+    _registered.setdefault(group, {})[name] = obj
+
+
 @functools.cache
 def _entries(group: str) -> dict[str, EntryPoint]:
     # Scanning installed distributions takes tens of ms: once per process (see refresh()).
@@ -33,11 +41,13 @@ def refresh() -> None:
 
 def available(group: str) -> list[str]:
     """Names registered in an entry-point group, sorted."""
-    return sorted(_entries(group))
+    return sorted(_entries(group).keys() | _registered.get(group, {}).keys())
 
 
 def load(group: str, name: str) -> Any:
     """The object registered as `name` in `group`; an unknown name lists the known ones."""
+    if name in _registered.get(group, {}):
+        return _registered[group][name]
     entry = _entries(group).get(name)
     if entry is None:
         known = ", ".join(available(group)) or "none"

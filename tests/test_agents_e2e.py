@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -10,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from skyrl_agent.collector.records import trajectory_from_plain
+from skyrl_agent.collector.store import TrajectoryStore
 from skyrl_agent.inference.process import embedded_server
 from tests.conftest import REPO
 
@@ -24,8 +23,9 @@ def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
 
 
 def read_run(run_dir: Path):
-    lines = (run_dir / "trajectories.jsonl").read_text().splitlines()
-    return [trajectory_from_plain(json.loads(line)) for line in lines]
+    contents = TrajectoryStore(run_dir).load()
+    assert not contents.problems
+    return contents.trajectories
 
 
 @pytest.fixture(scope="module")

@@ -54,6 +54,9 @@ class ChatRenderer:
             add_generation_prompt=add_generation_prompt)
 
     def _encode(self, text: str) -> list[int]:
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is not None:  # the Rust tokenizer directly: same ids, a fraction of the cost
+            return backend.encode(text, add_special_tokens=False).ids
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def start(self, messages: Sequence[Message]) -> list[int]:

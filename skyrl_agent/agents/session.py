@@ -10,6 +10,8 @@ summarize progress (a recorded, trainable turn that closes the segment), then op
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import difflib
 import time
 import uuid
@@ -81,6 +83,8 @@ class LLMSession:
         self.session_id = session_id or uuid.uuid4().hex
         self.seed = seed
         self.summaries = 0
+        self.limiter: asyncio.Semaphore | None = None
+        """Set by a collector to bound model calls in flight across sessions."""
         self._head: list[Message] = []
         self._segments: list[_Segment] = []
 
@@ -126,9 +130,7 @@ class LLMSession:
             last = segment.turns[-1]
             recorded = list(last.prompt_ids + last.completion_ids)
             rerendered = self.renderer.full(segment.messages)
-            matcher = difflib.SequenceMatcher(None, recorded, rerendered, autojunk=False)
-            same = sum(block.size for block in matcher.get_matching_blocks())
-            drift += len(recorded) + len(rerendered) - 2 * same
+            drift += _differing_tokens(recorded, rerendered)
         return drift
 
     # ---- internals ----------------------------------------------------------------------------
@@ -182,9 +184,10 @@ class LLMSession:
     async def _complete(self, prompt: list[int], max_tokens: int) -> Completion:
         started = time.time()
         seed = None if self.seed is None else self.seed + self.num_turns
-        completion = await self.client.complete(
-            prompt, Sampling(max_tokens=max_tokens, temperature=self.config.temperature,
-                             top_p=self.config.top_p, seed=seed), session_id=self.session_id)
+        sampling = Sampling(max_tokens=max_tokens, temperature=self.config.temperature,
+                            top_p=self.config.top_p, seed=seed)
+        async with self.limiter or contextlib.nullcontext():
+            completion = await self.client.complete(prompt, sampling, session_id=self.session_id)
         n = len(completion.token_ids)
         self._current.turns.append(Turn(
             prompt_ids=tuple(prompt), completion_ids=completion.token_ids,
@@ -198,6 +201,23 @@ class LLMSession:
 
     def close(self) -> None:
         self.client.end_session(self.session_id)
+
+
+def _differing_tokens(a: list[int], b: list[int]) -> int:
+    """Tokens of either sequence outside their longest common subsequence blocks. The shared
+    head and tail are skipped first, so the usual case (equal, or one local change) is linear."""
+    head = 0
+    while head < min(len(a), len(b)) and a[head] == b[head]:
+        head += 1
+    tail = 0
+    while tail < min(len(a), len(b)) - head and a[-1 - tail] == b[-1 - tail]:
+        tail += 1
+    middle_a, middle_b = a[head : len(a) - tail], b[head : len(b) - tail]
+    if not middle_a or not middle_b:
+        return len(middle_a) + len(middle_b)
+    matcher = difflib.SequenceMatcher(None, middle_a, middle_b, autojunk=False)
+    same = sum(block.size for block in matcher.get_matching_blocks())
+    return len(middle_a) + len(middle_b) - 2 * same
 
 
 def _assistant(text: str) -> Message:

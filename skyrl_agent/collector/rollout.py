@@ -10,15 +10,21 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from skyrl_agent.agents.base import Agent, AgentResult
 from skyrl_agent.agents.session import LLMSession
+from skyrl_agent.collector import final_state
 from skyrl_agent.config import RunConfig
 from skyrl_agent.envs.env import Env
 from skyrl_agent.inference.client import InferenceError
-from skyrl_agent.sandboxes.base import SandboxError, SandboxSpec, UnsupportedEnvironment
-from skyrl_agent.sandboxes.base import create_sandbox
+from skyrl_agent.sandboxes.base import (
+    SandboxError,
+    SandboxSpec,
+    UnsupportedEnvironment,
+    create_sandbox,
+)
 from skyrl_agent.tasks.model import TaskSpec
 from skyrl_agent.types import FinishReason, Reward, Trajectory
 
@@ -35,23 +41,44 @@ def make_agent(agent_cls: type[Agent], config: RunConfig) -> Agent:
 
 
 async def run_rollout(task: TaskSpec, sample_index: int, agent: Agent, config: RunConfig,
-                      sessions: SessionFactory | None) -> Trajectory:
-    """One agent attempt at one task, as a Trajectory (masked with a reason on failure)."""
+                      sessions: SessionFactory | None,
+                      keep_state: Path | None = None) -> Trajectory:
+    """One agent attempt at one task, as a Trajectory (masked with a reason on failure).
+
+    With `keep_state`, the agent's final working directory is saved there before verification.
+    """
     session_id = f"{task.name}#{sample_index}#{time.monotonic_ns()}"
     session = sessions(agent, session_id) if agent.needs_model and sessions else None
     times: dict[str, float] = {}
     started = time.monotonic()
-    spec = SandboxSpec.from_task(task, config.sandbox)
+    sandbox = create_sandbox(SandboxSpec.from_task(task, config.sandbox), config.sandbox)
     try:
-        async with create_sandbox(spec, config.sandbox) as sandbox:
-            times["sandbox"] = time.monotonic() - started
-            env = Env(task, sandbox)
-            outcome = await _run_agent(agent, env, session, config, task, times)
-            reward = await env.verify()
-    except (SandboxError, UnsupportedEnvironment) as exc:
+        try:
+            await asyncio.wait_for(sandbox.start(), config.collector.sandbox_start_timeout_s)
+        except TimeoutError:
+            raise SandboxError(
+                f"start took over {config.collector.sandbox_start_timeout_s:g} s") from None
+        times["sandbox"] = time.monotonic() - started
+        env = Env(task, sandbox)
+        outcome = await _run_agent(agent, env, session, config, task, times)
+        if keep_state is not None:
+            why_not = await final_state.capture(env, keep_state)
+            if why_not:
+                log.info("final state of %s not kept: %s", task.name, why_not)
+        # The verifier bounds each test run itself; this bounds the whole phase.
+        reward = await asyncio.wait_for(env.verify(), task.verifier_timeout_s + 120)
+    except TimeoutError:
+        reward = Reward.failed(f"verification took over {task.verifier_timeout_s + 120:g} s")
+        outcome = (FinishReason.ERROR, "verification deadline", {})
+    except UnsupportedEnvironment as exc:  # a property of the task: retrying cannot help
+        return _trajectory(task, sample_index, agent, session, Reward.failed(f"sandbox: {exc}"),
+                           FinishReason.SANDBOX_ERROR, f"unsupported environment: {exc}", times,
+                           {})
+    except SandboxError as exc:
         return _trajectory(task, sample_index, agent, session, Reward.failed(f"sandbox: {exc}"),
                            FinishReason.SANDBOX_ERROR, f"sandbox error: {exc}", times, {})
     finally:
+        await asyncio.shield(sandbox.stop())
         if session is not None:
             session.close()
     finish, mask_reason, metrics = outcome

@@ -1,8 +1,8 @@
-"""`skyrl-agent rollout`: tasks x n rollouts against a model server, written to a run directory.
+"""`skyrl-agent rollout`: tasks x n rollouts against a model server, stored in a run directory.
 
-The model server is the embedded one, started here, unless an endpoint is given. Trajectories
-are appended to RUN_DIR/trajectories.jsonl as each finishes (the collector issue replaces this
-with the durable Parquet store).
+The model server is the embedded one, started here, unless an endpoint is given. Trajectories go
+to the run's TrajectoryStore as each finishes; running the same command again on the same run
+directory resumes it, skipping the samples already stored.
 """
 
 from __future__ import annotations
@@ -11,29 +11,39 @@ import asyncio
 import contextlib
 import dataclasses
 import json
-import os
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 from skyrl_agent.agents.base import Agent
 from skyrl_agent.agents.session import LLMSession, SessionConfig
-from skyrl_agent.collector.records import to_plain
-from skyrl_agent.collector.rollout import SessionFactory, make_agent, run_rollout
+from skyrl_agent.collector.collector import Collector
+from skyrl_agent.collector.rollout import SessionFactory
+from skyrl_agent.collector.store import TrajectoryStore
 from skyrl_agent.config import RunConfig, load_config
 from skyrl_agent.errors import UserError
 from skyrl_agent.inference.client import InferenceClient
-from skyrl_agent.tasks.model import TaskSpec
 from skyrl_agent.types import Trajectory
 
-TRAJECTORIES = "trajectories.jsonl"
+CONFIG_FILE = "config.json"
 
 
-def prepare_run_dir(path: Path) -> Path:
-    if (path / TRAJECTORIES).exists():
-        raise UserError(f"{path} already holds trajectories; choose another --output")
+def prepare_run_dir(path: Path, settings: RunConfig, n: int) -> None:
+    """Create a run dir, or check that an existing one was made by the same settings (resume)."""
+    # Concurrency may change between a run and its resumption; what is sampled may not.
+    record = {"n": n, "config": json.loads(settings.model_dump_json(exclude={"collector"}))}
+    config_path = path / CONFIG_FILE
+    if config_path.exists():
+        try:
+            before = json.loads(config_path.read_text())
+        except ValueError:
+            raise UserError(f"{config_path} is corrupted; choose another --output") from None
+        if before != record:
+            raise UserError(f"{path} holds a run with other settings; resume it with the same "
+                            "command or choose another --output")
+        return
     path.mkdir(parents=True, exist_ok=True)
-    return path
+    config_path.write_text(json.dumps(record, indent=2))
 
 
 @contextlib.asynccontextmanager
@@ -72,29 +82,8 @@ async def model_sessions(config: RunConfig, run_dir: Path) -> AsyncIterator[Sess
             await asyncio.to_thread(server.stop)
 
 
-async def rollout_all(tasks: list[TaskSpec], n: int, agent_cls: type[Agent], config: RunConfig,
-                      run_dir: Path, concurrency: int, sessions: SessionFactory | None,
-                      on_done: Callable[[Trajectory], Any] = lambda t: None) -> list[Trajectory]:
-    """Run every task n times, at most `concurrency` at once, appending each result to disk."""
-    limit = asyncio.Semaphore(concurrency)
-    out_path = run_dir / TRAJECTORIES
-
-    async def one(task: TaskSpec, index: int) -> Trajectory:
-        async with limit:
-            trajectory = await run_rollout(task, index, make_agent(agent_cls, config), config,
-                                           sessions)
-        with open(out_path, "a") as out:
-            out.write(json.dumps(to_plain(trajectory)) + "\n")
-            out.flush()
-            os.fsync(out.fileno())
-        on_done(trajectory)
-        return trajectory
-
-    return list(await asyncio.gather(*[one(t, i) for t in tasks for i in range(n)]))
-
-
 def rollout_command(config_path: Path | None, overrides: list[str], n: int, output: Path,
-                    jobs: int, run_with_progress: Callable[..., list[Trajectory]],
+                    run_with_progress: Callable[..., list[Trajectory]],
                     ) -> list[Trajectory]:
     """Validate everything first (one-line errors), then run with a progress display."""
     from skyrl_agent.agents.base import agent_class
@@ -105,14 +94,23 @@ def rollout_command(config_path: Path | None, overrides: list[str], n: int, outp
     agent_cls = agent_class(settings.agent.name)
     sandbox_backend(settings.sandbox.backend)
     tasks = resolve_tasks(settings.tasks.source, settings.tasks.include, settings.tasks.limit)
-    run_dir = prepare_run_dir(output)
-    (run_dir / "config.json").write_text(settings.model_dump_json(indent=2))
+    prepare_run_dir(output, settings, n)
+    store = TrajectoryStore(output, writable=True)
 
     async def run(on_done: Callable[[Trajectory], Any]) -> list[Trajectory]:
-        if not agent_cls.needs_model:
-            return await rollout_all(tasks, n, agent_cls, settings, run_dir, jobs, None, on_done)
-        async with model_sessions(settings, run_dir) as sessions:
-            return await rollout_all(tasks, n, agent_cls, settings, run_dir, jobs, sessions,
-                                     on_done)
+        collector = Collector(settings, agent_cls, store, on_trajectory=on_done)
+        if collector.pending(tasks, n) and agent_cls.needs_model:
+            async with model_sessions(settings, output) as sessions:
+                collector = Collector(settings, agent_cls, store, sessions, on_done)
+                groups = await collector.run(tasks, n)
+        else:
+            groups = await collector.run(tasks, n)
+        return [t for group in groups for t in group.trajectories]
 
-    return run_with_progress(run, len(tasks) * n)
+    try:
+        pending = len(Collector(settings, agent_cls, store).pending(tasks, n))
+        trajectories = run_with_progress(run, pending)
+        store.compact()  # one shard per trajectory while running; one file for readers after
+        return trajectories
+    finally:
+        store.close()

@@ -238,6 +238,10 @@ class InferenceClient:
     # ---- HTTP ------------------------------------------------------------------------------
 
     async def _request(self, server: _Server, method: str, path: str, **kwargs: Any) -> Any:
+        try:  # the common case, without building a retry loop per call
+            return await self._request_once(server, method, path, **kwargs)
+        except (aiohttp.ClientConnectionError, _Retryable):
+            pass
         retrying = AsyncRetrying(
             retry=retry_if_exception_type((aiohttp.ClientConnectionError, _Retryable)),
             wait=wait_exponential(multiplier=0.1, max=5.0),

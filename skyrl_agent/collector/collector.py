@@ -1,0 +1,88 @@
+"""The Collector: tasks x n rollouts, concurrent, pipelined, crash-safe, in groups of n.
+
+Each sample is one coroutine that starts its sandbox, runs the agent and verifies, so the phases
+of different samples overlap instead of running phase by phase. Bounds: live sandboxes
+(`max_concurrent_sandboxes`) and model calls in flight (`max_inflight_requests`). A finished
+trajectory is in the store (fsynced) before anyone else sees it; a resumed run skips the samples
+the store already holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from skyrl_agent.agents.base import Agent
+from skyrl_agent.agents.session import LLMSession
+from skyrl_agent.collector import final_state
+from skyrl_agent.collector.policy import FailurePolicy
+from skyrl_agent.collector.rollout import SessionFactory, make_agent, run_rollout
+from skyrl_agent.collector.store import TrajectoryStore
+from skyrl_agent.config import RunConfig
+from skyrl_agent.tasks.model import TaskSpec
+from skyrl_agent.types import Trajectory, TrajectoryGroup
+
+
+class Collector:
+    """Runs rollouts into a TrajectoryStore and hands out complete groups."""
+
+    def __init__(self, config: RunConfig, agent_cls: type[Agent], store: TrajectoryStore,
+                 sessions: SessionFactory | None = None,
+                 on_trajectory: Callable[[Trajectory], Any] = lambda t: None,
+                 on_group: Callable[[TrajectoryGroup], Any] = lambda g: None) -> None:
+        self.config = config
+        self.agent_cls = agent_cls
+        self.store = store
+        self.policy = FailurePolicy(config.collector)
+        self.on_trajectory = on_trajectory
+        self.on_group = on_group
+        self._sandboxes = asyncio.Semaphore(config.collector.max_concurrent_sandboxes)
+        self._requests = asyncio.Semaphore(config.collector.max_inflight_requests)
+        self._sessions = self._bounded(sessions) if sessions else None
+
+    def _bounded(self, sessions: SessionFactory) -> SessionFactory:
+        def factory(agent: Agent, session_id: str) -> LLMSession:
+            session = sessions(agent, session_id)
+            session.limiter = self._requests
+            return session
+        return factory
+
+    def pending(self, tasks: list[TaskSpec], n: int) -> list[tuple[TaskSpec, int]]:
+        """The (task, sample) pairs the store does not hold yet."""
+        done = self.store.keys()
+        return [(t, i) for t in tasks for i in range(n) if (t.name, i) not in done]
+
+    async def run(self, tasks: list[TaskSpec], n: int) -> list[TrajectoryGroup]:
+        """Every task n times (skipping stored samples); returns the groups in task order."""
+        stored = {(t.task_id, t.sample_index): t for t in self.store.load().trajectories}
+        groups = await asyncio.gather(*[self._task(task, n, stored) for task in tasks])
+        return list(groups)
+
+    async def _task(self, task: TaskSpec, n: int,
+                    stored: dict[tuple[str, int], Trajectory]) -> TrajectoryGroup:
+        async def sample(index: int) -> Trajectory:
+            if (task.name, index) in stored:
+                return stored[(task.name, index)]
+            return await self._sample(task, index)
+
+        trajectories = await asyncio.gather(*[sample(i) for i in range(n)])
+        group = self.policy.group(task.name, list(trajectories))
+        self.on_group(group)
+        return group
+
+    async def _sample(self, task: TaskSpec, index: int) -> Trajectory:
+        retries = 0
+        while True:
+            async with self._sandboxes:
+                agent = make_agent(self.agent_cls, self.config)
+                trajectory = await run_rollout(
+                    task, index, agent, self.config, self._sessions,
+                    keep_state=final_state.state_path(self.store.run_dir, task.name, index))
+            if not self.policy.should_retry(trajectory, retries):
+                break
+            retries += 1
+        trajectory = self.policy.finalize(trajectory, retries)
+        await asyncio.to_thread(self.store.append, [trajectory])  # on disk before handed on
+        self.on_trajectory(trajectory)
+        return trajectory

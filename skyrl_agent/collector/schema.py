@@ -1,0 +1,92 @@
+"""The Parquet schema of stored trajectories: one row per trajectory, token arrays as list<int32>.
+
+Nested columns (segments -> turns) are plain Arrow structs, so pyarrow, pandas and Hugging Face
+`datasets` read the shards directly.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pyarrow as pa
+
+from skyrl_agent.types import FinishReason, Reward, Segment, Trajectory, Turn
+
+TURN = pa.struct([
+    ("prompt_ids", pa.list_(pa.int32())),
+    ("completion_ids", pa.list_(pa.int32())),
+    ("completion_logprobs", pa.list_(pa.float32())),
+    ("loss_mask", pa.list_(pa.int8())),
+    ("policy_version", pa.int64()),
+    ("token_policy_versions", pa.list_(pa.int64())),
+    ("finish_reason", pa.string()),
+    ("started_at", pa.float64()),
+    ("latency_s", pa.float64()),
+    ("routed_experts", pa.list_(pa.list_(pa.int32()))),
+])
+SEGMENT = pa.struct([("turns", pa.list_(TURN)), ("summary_turn_index", pa.int32())])
+SCHEMA = pa.schema([
+    ("task_id", pa.string()), ("sample_index", pa.int32()), ("agent", pa.string()),
+    ("reward", pa.float64()), ("reward_components", pa.string()),
+    ("reward_reason", pa.string()), ("finish_reason", pa.string()), ("masked", pa.bool_()),
+    ("mask_reason", pa.string()), ("sandbox_time_s", pa.float64()),
+    ("agent_time_s", pa.float64()), ("verify_time_s", pa.float64()),
+    ("metrics", pa.string()), ("segments", pa.list_(SEGMENT)),
+])
+"""reward_components and metrics are JSON objects (string keys -> numbers)."""
+
+
+def _turn_row(turn: Turn) -> dict[str, Any]:
+    return {
+        "prompt_ids": list(turn.prompt_ids), "completion_ids": list(turn.completion_ids),
+        "completion_logprobs": list(turn.completion_logprobs), "loss_mask": list(turn.loss_mask),
+        "policy_version": turn.policy_version,
+        "token_policy_versions": None if turn.token_policy_versions is None
+        else list(turn.token_policy_versions),
+        "finish_reason": turn.finish_reason.value, "started_at": turn.started_at,
+        "latency_s": turn.latency_s,
+        "routed_experts": None if turn.routed_experts is None
+        else [list(e) for e in turn.routed_experts]}
+
+
+def to_row(t: Trajectory) -> dict[str, Any]:
+    return {
+        "task_id": t.task_id, "sample_index": t.sample_index, "agent": t.agent,
+        "reward": t.reward.value, "reward_components": json.dumps(dict(t.reward.components)),
+        "reward_reason": t.reward.reason, "finish_reason": t.finish_reason.value,
+        "masked": t.masked, "mask_reason": t.mask_reason, "sandbox_time_s": t.sandbox_time_s,
+        "agent_time_s": t.agent_time_s, "verify_time_s": t.verify_time_s,
+        "metrics": json.dumps(dict(t.metrics)),
+        "segments": [{"turns": [_turn_row(turn) for turn in s.turns],
+                      "summary_turn_index": s.summary_turn_index} for s in t.segments]}
+
+
+def _turn(row: dict[str, Any]) -> Turn:
+    versions = row["token_policy_versions"]
+    experts = row["routed_experts"]
+    return Turn(
+        prompt_ids=tuple(row["prompt_ids"]), completion_ids=tuple(row["completion_ids"]),
+        completion_logprobs=tuple(row["completion_logprobs"]),
+        loss_mask=tuple(row["loss_mask"]), policy_version=row["policy_version"],
+        finish_reason=FinishReason(row["finish_reason"]), started_at=row["started_at"],
+        latency_s=row["latency_s"],
+        routed_experts=None if experts is None else tuple(tuple(e) for e in experts),
+        token_policy_versions=None if versions is None else tuple(versions))
+
+
+def from_row(row: dict[str, Any]) -> Trajectory:
+    reward = Reward(value=row["reward"], components=json.loads(row["reward_components"]),
+                    reason=row["reward_reason"], verify_time_s=row["verify_time_s"])
+    segments = tuple(Segment(tuple(_turn(t) for t in s["turns"]), s["summary_turn_index"])
+                     for s in row["segments"])
+    return Trajectory(
+        task_id=row["task_id"], sample_index=row["sample_index"], agent=row["agent"],
+        segments=segments, reward=reward, finish_reason=FinishReason(row["finish_reason"]),
+        masked=row["masked"], mask_reason=row["mask_reason"],
+        sandbox_time_s=row["sandbox_time_s"], agent_time_s=row["agent_time_s"],
+        verify_time_s=row["verify_time_s"], metrics=json.loads(row["metrics"]))
+
+
+def to_table(trajectories: list[Trajectory]) -> pa.Table:
+    return pa.Table.from_pylist([to_row(t) for t in trajectories], schema=SCHEMA)

@@ -1,0 +1,188 @@
+"""TrajectoryStore: append-only, crash-safe Parquet shards of trajectories in a run directory.
+
+Layout: RUN_DIR/trajectories/shard-NNNNNN-XXXX.parquet plus index.json, which lists the live
+shards and the (task, sample) keys each holds.
+
+Crash safety: a shard is written under a temporary name, fsynced, renamed and its folder
+fsynced before append() returns; only then is the index rewritten (same dance). A crash between
+the two leaves a complete shard the index does not name: on open it is adopted when it holds only
+new keys, and deleted when its keys are already indexed (a merged shard from an interrupted
+compaction). So a finished trajectory is never lost and never counted twice.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import threading
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from skyrl_agent.collector.schema import from_row, to_table
+from skyrl_agent.errors import UserError
+from skyrl_agent.types import Trajectory
+
+Key = tuple[str, int]
+FOLDER = "trajectories"
+INDEX = "index.json"
+
+
+class StoreError(UserError):
+    """A run directory or shard that cannot be read; the message names the file."""
+
+
+@dataclass(frozen=True)
+class StoreContents:
+    trajectories: list[Trajectory]
+    """Every readable trajectory, one per (task, sample), sorted."""
+    problems: list[str]
+    """One line per shard that could not be read (the others were read)."""
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _durable_rename(tmp: Path, final: Path) -> None:
+    with open(tmp, "rb+") as handle:
+        os.fsync(handle.fileno())
+    os.replace(tmp, final)
+    _fsync_dir(final.parent)
+
+
+def _shard_keys(path: Path) -> list[Key]:
+    table = pq.read_table(path, columns=["task_id", "sample_index"])
+    return list(zip(table["task_id"].to_pylist(), table["sample_index"].to_pylist(), strict=True))
+
+
+class TrajectoryStore:
+    """The trajectories of one run directory. Open it with `writable=True` to append."""
+
+    def __init__(self, run_dir: Path, writable: bool = False) -> None:
+        self.run_dir = Path(run_dir)
+        self.folder = self.run_dir / FOLDER
+        self._lock = threading.Lock()
+        self._shards: dict[str, list[Key]] = {}
+        self._lock_file = None
+        if writable:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self._lock_file = open(self.folder / ".writer.lock", "w")  # noqa: SIM115
+            try:
+                fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise StoreError(f"{self.run_dir} is being written by another process") from None
+        elif not self.folder.is_dir():
+            raise StoreError(f"{self.run_dir} is not a run directory (no {FOLDER}/ folder)")
+        self._load_index()
+        if writable:
+            self._recover()
+
+    # ---- reading ------------------------------------------------------------------------------
+
+    def _load_index(self) -> None:
+        path = self.folder / INDEX
+        if not path.exists():
+            return
+        try:
+            data = json.loads(path.read_text())
+            self._shards = {name: [tuple(k) for k in keys] for name, keys in data["shards"].items()}
+        except (ValueError, KeyError, TypeError) as exc:
+            raise StoreError(f"{path} is corrupted: {exc}") from None
+
+    def keys(self) -> set[Key]:
+        """(task, sample) of every stored trajectory."""
+        return {key for keys in self._shards.values() for key in keys}
+
+    def __len__(self) -> int:
+        return len(self.keys())
+
+    def load(self) -> StoreContents:
+        """Every trajectory; an unreadable shard is reported and skipped, never fatal."""
+        found: dict[Key, Trajectory] = {}
+        problems = []
+        for name in sorted(self._shards):
+            path = self.folder / name
+            try:
+                rows = pq.read_table(path).to_pylist()
+            except (OSError, ValueError) as exc:  # pyarrow's errors derive from these
+                problems.append(f"{path}: unreadable shard ({type(exc).__name__}: {exc})")
+                continue
+            for row in rows:
+                trajectory = from_row(row)
+                found.setdefault((trajectory.task_id, trajectory.sample_index), trajectory)
+        ordered = [found[k] for k in sorted(found)]
+        return StoreContents(ordered, problems)
+
+    # ---- writing ------------------------------------------------------------------------------
+
+    def append(self, trajectories: list[Trajectory]) -> Path | None:
+        """Write trajectories as one shard, durably, before returning. Keys already stored are
+        skipped (a resumed run never duplicates)."""
+        with self._lock:
+            known = self.keys()
+            fresh = [t for t in trajectories if (t.task_id, t.sample_index) not in known]
+            if not fresh:
+                return None
+            name = f"shard-{len(self._shards):06d}-{uuid.uuid4().hex[:8]}.parquet"
+            tmp = self.folder / f".{name}.tmp"
+            pq.write_table(to_table(fresh), tmp)
+            _durable_rename(tmp, self.folder / name)
+            self._shards[name] = [(t.task_id, t.sample_index) for t in fresh]
+            self._write_index()
+            return self.folder / name
+
+    def _write_index(self) -> None:
+        tmp = self.folder / f".{INDEX}.tmp"
+        tmp.write_text(json.dumps({"version": 1, "shards": self._shards}))
+        _durable_rename(tmp, self.folder / INDEX)
+
+    def _recover(self) -> None:
+        """Adopt complete shards the index missed; drop leftovers and temporary files."""
+        for tmp in self.folder.glob(".*.tmp"):
+            tmp.unlink()
+        changed = False
+        for path in sorted(self.folder.glob("shard-*.parquet")):
+            if path.name in self._shards:
+                continue
+            try:
+                keys = _shard_keys(path)
+            except (OSError, ValueError):
+                continue  # never renamed into place complete; load() reports nothing for it
+            if set(keys) & self.keys():
+                path.unlink()
+            else:
+                self._shards[path.name] = keys
+            changed = True
+        if changed:
+            self._write_index()
+
+    def compact(self) -> None:
+        """Merge all shards into one (fewer files for readers); safe to interrupt."""
+        with self._lock:
+            if len(self._shards) < 2:
+                return
+            contents = self.load()
+            if contents.problems:
+                return  # never fold a damaged shard away
+            old = list(self._shards)
+            name = f"shard-{len(old):06d}-{uuid.uuid4().hex[:8]}.parquet"
+            tmp = self.folder / f".{name}.tmp"
+            pq.write_table(to_table(contents.trajectories), tmp)
+            _durable_rename(tmp, self.folder / name)
+            self._shards = {name: [(t.task_id, t.sample_index) for t in contents.trajectories]}
+            self._write_index()
+            for shard in old:
+                (self.folder / shard).unlink(missing_ok=True)
+
+    def close(self) -> None:
+        if self._lock_file is not None:
+            self._lock_file.close()
+            self._lock_file = None

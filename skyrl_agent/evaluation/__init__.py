@@ -1,0 +1,1 @@
+"""Offline evaluation of stored runs: statistics, re-grading, comparison, HTML reports."""

@@ -1,0 +1,121 @@
+"""A self-contained HTML report: run summary, per-task table and a trajectory viewer.
+
+One file, no network: the data is embedded as JSON and a small script renders it, with a task
+filter and expandable trajectories showing each turn's new input, the model's output and the
+reward.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from skyrl_agent.evaluation.stats import RunSummary
+from skyrl_agent.types import Trajectory
+
+Decode = Callable[[tuple[int, ...]], str]
+
+
+def _turns(trajectory: Trajectory, decode: Decode | None) -> list[dict[str, Any]]:
+    turns = []
+    for segment_index, segment in enumerate(trajectory.segments):
+        history: tuple[int, ...] = ()
+        for turn in segment.turns:
+            new_input = turn.prompt_ids[len(history):]
+            history = turn.prompt_ids + turn.completion_ids
+            turns.append({
+                "segment": segment_index,
+                "input": decode(new_input) if decode else f"[{len(new_input)} tokens]",
+                "output": decode(turn.completion_ids) if decode
+                else f"[{len(turn.completion_ids)} tokens]",
+                "prompt_tokens": len(turn.prompt_ids),
+                "completion_tokens": len(turn.completion_ids),
+                "mean_logprob": sum(turn.completion_logprobs) / max(1, len(turn.completion_ids)),
+                "policy_version": turn.policy_version, "finish": turn.finish_reason.value})
+    return turns
+
+
+def report_data(summary: RunSummary, trajectories: list[Trajectory], title: str,
+                decode: Decode | None) -> dict[str, Any]:
+    return {
+        "title": title, "summary": dataclasses.asdict(summary),
+        "trajectories": [{
+            "task": t.task_id, "sample": t.sample_index, "agent": t.agent,
+            "reward": t.reward.value, "reward_reason": t.reward.reason,
+            "components": dict(t.reward.components), "finish": t.finish_reason.value,
+            "masked": t.masked, "mask_reason": t.mask_reason,
+            "segments": len(t.segments), "turns": _turns(t, decode)} for t in trajectories]}
+
+
+def write_report(path: Path, summary: RunSummary, trajectories: list[Trajectory], title: str,
+                 decode: Decode | None = None) -> Path:
+    data = json.dumps(report_data(summary, trajectories, title, decode))
+    page = _PAGE.replace("__TITLE__", html.escape(title)).replace(
+        "__DATA__", data.replace("</", "<\\/"))  # a "</script>" in model output must not end it
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(page)
+    return path
+
+
+_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>__TITLE__</title>
+<style>
+body { font: 14px system-ui, sans-serif; margin: 2em; color: #222; }
+table { border-collapse: collapse; margin: 1em 0; }
+td, th { border: 1px solid #ccc; padding: 3px 8px; text-align: left; }
+.trajectory { border: 1px solid #bbb; border-radius: 4px; margin: 6px 0; padding: 4px 8px; }
+.trajectory.masked { background: #fff4e5; }
+.turn { border-left: 3px solid #8ab; margin: 8px 0 8px 8px; padding-left: 8px; }
+pre { white-space: pre-wrap; background: #f6f6f6; padding: 6px; max-height: 24em; overflow: auto; }
+.meta { color: #666; font-size: 12px; }
+</style></head>
+<body>
+<h1 id="title"></h1>
+<div id="summary"></div>
+<h2>Tasks</h2><table id="tasks"></table>
+<h2>Trajectories</h2>
+<label>Filter by task: <input id="filter" placeholder="task name"></label>
+<div id="trajectories"></div>
+<script type="application/json" id="data">__DATA__</script>
+<script>
+const data = JSON.parse(document.getElementById("data").textContent);
+const el = (tag, attrs = {}, ...children) => {
+  const node = document.createElement(tag);
+  Object.entries(attrs).forEach(([k, v]) => node.setAttribute(k, v));
+  children.forEach(c => node.append(c));
+  return node;
+};
+const fmt = x => (x === null || x === undefined) ? "" : (typeof x === "number" ? x.toFixed(3) : String(x));
+document.getElementById("title").textContent = data.title;
+const s = data.summary;
+const passAt = Object.entries(s.pass_at).map(([k, v]) => `pass@${k} ${fmt(v)}`).join(", ");
+document.getElementById("summary").append(
+  el("p", {}, `${s.trajectories} trajectories over ${s.tasks} tasks; reward mean ${fmt(s.reward_mean)}; ${passAt}; masked ${s.masked}`),
+  el("p", {}, `finish reasons: ${JSON.stringify(s.finish_reasons)}; turns ${fmt(s.turns_mean)}; completion tokens ${fmt(s.completion_tokens_mean)}; summaries ${s.summaries_total}; drift ${fmt(s.drift_tokens_mean)}`));
+const tasks = document.getElementById("tasks");
+tasks.append(el("tr", {}, ...["task", "samples", "passed", "reward mean", "masked", "turns"].map(h => el("th", {}, h))));
+s.per_task.forEach(r => tasks.append(el("tr", {"class": "task-row"},
+  ...[r.task_id, r.samples, r.passed, fmt(r.reward_mean), r.masked, fmt(r.turns_mean)].map(v => el("td", {}, String(v))))));
+const list = document.getElementById("trajectories");
+data.trajectories.forEach(t => {
+  const head = el("summary", {}, `${t.task} #${t.sample} — reward ${fmt(t.reward)} — ${t.finish} — ${t.turns.length} turns` + (t.masked ? ` — masked: ${t.mask_reason}` : ""));
+  const box = el("details", {"class": "trajectory" + (t.masked ? " masked" : ""), "data-task": t.task}, head);
+  if (t.reward_reason) box.append(el("p", {"class": "meta"}, `reward note: ${t.reward_reason}`));
+  t.turns.forEach((turn, i) => box.append(el("div", {"class": "turn"},
+    el("div", {"class": "meta"}, `turn ${i + 1} (segment ${turn.segment + 1}) · prompt ${turn.prompt_tokens} tok · completion ${turn.completion_tokens} tok · mean logprob ${fmt(turn.mean_logprob)} · policy v${turn.policy_version} · ${turn.finish}`),
+    el("div", {}, "input"), el("pre", {"class": "input"}, turn.input),
+    el("div", {}, "output"), el("pre", {"class": "output"}, turn.output))));
+  list.append(box);
+});
+document.getElementById("filter").addEventListener("input", e => {
+  const q = e.target.value.toLowerCase();
+  document.querySelectorAll(".trajectory").forEach(d => { d.style.display = d.dataset.task.toLowerCase().includes(q) ? "" : "none"; });
+});
+document.body.setAttribute("data-rendered", String(data.trajectories.length));
+</script>
+</body></html>
+"""

@@ -1,0 +1,105 @@
+"""Offline statistics of stored trajectories: rewards, pass@k, finish reasons, tokens, drift."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from math import comb
+
+from skyrl_agent.types import Trajectory
+
+PASS_THRESHOLD = 1.0
+"""A sample passes when its reward reaches this (tests all green)."""
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased estimator of pass@k from n samples with c passes (Chen et al., 2021):
+    1 - C(n - c, k) / C(n, k)."""
+    if not 0 < k <= n or not 0 <= c <= n:
+        raise ValueError(f"pass@k needs 0 < k <= n and 0 <= c <= n (n={n}, c={c}, k={k})")
+    if n - c < k:
+        return 1.0
+    return 1.0 - comb(n - c, k) / comb(n, k)
+
+
+@dataclass(frozen=True)
+class TaskRow:
+    task_id: str
+    samples: int
+    passed: int
+    reward_mean: float
+    masked: int
+    turns_mean: float
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    trajectories: int
+    tasks: int
+    reward_mean: float
+    """Mean reward over unmasked trajectories."""
+    masked: int
+    pass_at: dict[int, float]
+    """k -> mean over tasks of the unbiased pass@k (k up to the smallest group size)."""
+    finish_reasons: dict[str, int]
+    turns_mean: float
+    completion_tokens_mean: float
+    prompt_tokens_mean: float
+    summaries_total: int
+    drift_tokens_mean: float
+    per_task: list[TaskRow]
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def _ks(n: int) -> list[int]:
+    ks = [k for k in (1, 2, 4, 8, 16, 32, 64) if k <= n]
+    return ks + ([n] if n not in ks else [])
+
+
+def summarize(trajectories: list[Trajectory]) -> RunSummary:
+    by_task: dict[str, list[Trajectory]] = defaultdict(list)
+    for t in trajectories:
+        by_task[t.task_id].append(t)
+    rows = []
+    for task_id, samples in sorted(by_task.items()):
+        scored = [t for t in samples if not t.masked]
+        rows.append(TaskRow(task_id, len(samples),
+                            sum(t.reward.value >= PASS_THRESHOLD for t in scored),
+                            _mean([t.reward.value for t in scored]),
+                            len(samples) - len(scored), _mean([t.num_turns for t in samples])))
+    smallest = min((r.samples - r.masked for r in rows), default=0)
+    pass_at = {k: _mean([pass_at_k(r.samples - r.masked, r.passed, k) for r in rows])
+               for k in _ks(smallest)} if smallest else {}
+    unmasked = [t for t in trajectories if not t.masked]
+
+    def metric(name: str) -> list[float]:
+        return [float(t.metrics.get(name, 0.0)) for t in trajectories]
+
+    return RunSummary(
+        trajectories=len(trajectories), tasks=len(rows),
+        reward_mean=_mean([t.reward.value for t in unmasked]),
+        masked=len(trajectories) - len(unmasked), pass_at=pass_at,
+        finish_reasons=dict(Counter(t.finish_reason.value for t in trajectories)),
+        turns_mean=_mean([t.num_turns for t in trajectories]),
+        completion_tokens_mean=_mean(metric("completion_tokens")),
+        prompt_tokens_mean=_mean(metric("prompt_tokens")),
+        summaries_total=int(sum(metric("summaries"))),
+        drift_tokens_mean=_mean(metric("drift_tokens")), per_task=rows)
+
+
+@dataclass(frozen=True)
+class TaskDelta:
+    task_id: str
+    reward_a: float | None
+    reward_b: float | None
+
+
+def compare(a: RunSummary, b: RunSummary) -> list[TaskDelta]:
+    """Per task, the mean reward in each run (None where a run lacks the task)."""
+    rewards_a = {r.task_id: r.reward_mean for r in a.per_task}
+    rewards_b = {r.task_id: r.reward_mean for r in b.per_task}
+    return [TaskDelta(task, rewards_a.get(task), rewards_b.get(task))
+            for task in sorted(rewards_a.keys() | rewards_b.keys())]

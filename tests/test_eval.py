@@ -1,0 +1,140 @@
+"""`skyrl-agent eval`: pass@k, per-task stats, HTML report in Chromium, re-grading, bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from html.parser import HTMLParser
+from math import comb
+from pathlib import Path
+
+import pytest
+
+from skyrl_agent.collector.final_state import state_path
+from skyrl_agent.collector.store import TrajectoryStore
+from skyrl_agent.evaluation.stats import pass_at_k, summarize
+from tests.test_store import make_trajectory
+
+CLI = [sys.executable, "-c", "from skyrl_agent.cli import main; main()"]
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=600)
+
+
+def test_pass_at_k_matches_the_closed_form():
+    # 5 samples, 2 passing: pass@1 = 2/5; pass@2 = 1 - C(3,2)/C(5,2) = 1 - 3/10.
+    assert pass_at_k(5, 2, 1) == pytest.approx(0.4)
+    assert pass_at_k(5, 2, 2) == pytest.approx(0.7)
+    assert pass_at_k(5, 0, 3) == 0.0 and pass_at_k(5, 3, 3) == 1.0  # n - c < k: always a pass
+    for n, c, k in [(10, 3, 4), (16, 5, 8), (7, 1, 7)]:
+        # The probability that k samples drawn without replacement include a pass.
+        assert pass_at_k(n, c, k) == pytest.approx(1 - comb(n - c, k) / comb(n, k))
+    with pytest.raises(ValueError):
+        pass_at_k(3, 1, 4)
+
+
+def test_summary_of_a_constructed_run():
+    runs = [make_trajectory("demo/a", i, reward) for i, reward in enumerate([1, 0, 1, 0])]
+    runs += [make_trajectory("demo/b", i, reward) for i, reward in enumerate([0, 0, 0, 1])]
+    summary = summarize(runs)
+    assert summary.pass_at[1] == pytest.approx((0.5 + 0.25) / 2)
+    assert summary.pass_at[2] == pytest.approx(((1 - 1 / 6) + (1 - 3 / 6)) / 2)
+    assert summary.pass_at[4] == 1.0
+    assert [(r.task_id, r.passed) for r in summary.per_task] == [("demo/a", 2), ("demo/b", 1)]
+    assert summary.turns_mean == 3 and summary.finish_reasons == {"stop": 8}
+
+
+def write_run(run_dir: Path, count: int) -> None:
+    store = TrajectoryStore(run_dir, writable=True)
+    store.append([make_trajectory(f"demo/t{i % 2}", i) for i in range(count)])
+    store.close()
+    config = {"n": 1, "config": {"inference": {"model": "smollm2-135m"}}}
+    (run_dir / "config.json").write_text(json.dumps(config))
+
+
+class _Count(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.classes: dict[str, int] = {}
+        self.rendered = None
+
+    def handle_starttag(self, tag, attrs):
+        attributes = dict(attrs)
+        for name in (attributes.get("class") or "").split():
+            self.classes[name] = self.classes.get(name, 0) + 1
+        if tag == "body":
+            self.rendered = attributes.get("data-rendered")
+
+
+@pytest.mark.slow
+def test_html_report_renders_in_headless_chromium(tmp_path, smollm2_dir):
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert browser, "Debian's chromium must be installed (scripts/setup.sh --dev)"
+    write_run(tmp_path / "run", 5)
+    report = tmp_path / "report.html"
+    result = cli("eval", str(tmp_path / "run"), "--html", str(report))
+    assert result.returncode == 0, result.stderr
+    dom = subprocess.run(
+        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", report.as_uri()],
+        capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-1000:]
+    counts = _Count()
+    counts.feed(dom.stdout)
+    assert counts.rendered == "5"
+    assert counts.classes.get("trajectory") == 5 and counts.classes.get("turn") == 15
+    assert counts.classes.get("task-row") == 2
+
+
+def test_eval_prints_stats_compares_and_exports_atif(tmp_path, smollm2_dir):
+    write_run(tmp_path / "a", 4)
+    write_run(tmp_path / "b", 2)
+    result = cli("eval", str(tmp_path / "a"), "--compare", str(tmp_path / "b"),
+                 "--atif", str(tmp_path / "atif"))
+    assert result.returncode == 0, result.stderr
+    assert "pass@1 1.000" in result.stdout and "demo/t0" in result.stdout
+    exported = sorted((tmp_path / "atif").glob("*.json"))
+    assert len(exported) == 4
+    atif = json.loads(exported[0].read_text())
+    assert atif["schema_version"].startswith("ATIF")
+    assert [s["source"] for s in atif["steps"]] == ["user", "agent"] * 3
+    assert atif["steps"][1]["metrics"]["completion_token_ids"] == [4, 5]
+
+
+def test_bad_run_directories_give_one_clear_line(tmp_path):
+    result = cli("eval", str(tmp_path / "missing"))
+    assert result.returncode == 2 and "not a run directory" in result.stderr
+    assert "Traceback" not in result.stderr
+    write_run(tmp_path / "run", 2)
+    store = TrajectoryStore(tmp_path / "run", writable=True)
+    bad = store.append([make_trajectory("demo/t9", 9)])
+    store.close()
+    bad.write_bytes(b"garbage")
+    result = cli("eval", str(tmp_path / "run"))
+    assert result.returncode == 0 and bad.name in result.stderr
+    assert "2 trajectories" in result.stdout  # the other shard is still read
+    (tmp_path / "run" / "trajectories" / "index.json").write_text("{not json")
+    result = cli("eval", str(tmp_path / "run"))
+    assert result.returncode == 2 and "index.json is corrupted" in result.stderr
+
+
+@pytest.mark.slow
+def test_regrade_uses_the_stored_final_state(tmp_path):
+    run_dir = tmp_path / "run"
+    result = cli("rollout", "--agent", "oracle", "--tasks", "demo", "--output", str(run_dir),
+                 "--set", 'tasks.include=["hello-file", "word-count"]')
+    assert result.returncode == 0, result.stderr
+    nop_dir = tmp_path / "nop"
+    result = cli("rollout", "--agent", "nop", "--tasks", "demo", "--output", str(nop_dir),
+                 "--set", 'tasks.include=["hello-file"]')
+    assert result.returncode == 0, result.stderr
+    # Swap in the untouched (nop) state for one sample: its re-grade must drop to 0.
+    shutil.copy(state_path(nop_dir, "demo/hello-file", 0),
+                state_path(run_dir, "demo/hello-file", 0))
+    result = cli("eval", str(run_dir), "--regrade")
+    assert result.returncode == 0, result.stderr
+    assert "re-graded 2 of 2; 1 agree" in result.stdout

@@ -1,0 +1,130 @@
+"""TrajectoryStore: Parquet round trip, crash recovery, resume after kill -9, damaged shards."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pyarrow.parquet as pq
+import pytest
+
+from skyrl_agent.collector.store import StoreError, TrajectoryStore
+from skyrl_agent.types import FinishReason, Reward, Segment, Trajectory, Turn
+
+
+def make_trajectory(task: str, index: int, reward: float = 1.0) -> Trajectory:
+    turn = Turn(prompt_ids=(1, 2, 3), completion_ids=(4, 5), completion_logprobs=(-0.5, -0.25),
+                loss_mask=(1, 1), policy_version=2, finish_reason=FinishReason.STOP,
+                started_at=10.0, latency_s=0.5, token_policy_versions=(2, 3))
+    follow = Turn(prompt_ids=(1, 2, 3, 4, 5, 6), completion_ids=(7,),
+                  completion_logprobs=(-1.0,), loss_mask=(1,), policy_version=3,
+                  finish_reason=FinishReason.LENGTH)
+    return Trajectory(task_id=task, sample_index=index, agent="terminus",
+                      segments=(Segment((turn, follow), 1), Segment((follow,))),
+                      reward=Reward(reward, {"tests": reward, "style": 0.5}),
+                      finish_reason=FinishReason.STOP, metrics={"turns": 3, "drift_tokens": 0})
+
+
+def test_round_trip_is_exact(tmp_path):
+    store = TrajectoryStore(tmp_path, writable=True)
+    originals = [make_trajectory("demo/a", i) for i in range(3)]
+    store.append(originals[:2])
+    store.append(originals)  # the first two are already stored: only one new row
+    assert store.load().trajectories == originals
+    store.compact()
+    assert len(list((tmp_path / "trajectories").glob("shard-*"))) == 1
+    store.close()
+    assert TrajectoryStore(tmp_path).load().trajectories == originals
+    table = pq.read_table(next((tmp_path / "trajectories").glob("shard-*")))
+    assert str(table.schema.field("segments").type).count("list<element: int32>") >= 2
+
+
+def test_datasets_reads_the_shards(tmp_path):
+    import datasets
+
+    store = TrajectoryStore(tmp_path, writable=True)
+    store.append([make_trajectory("demo/a", 0)])
+    files = [str(p) for p in (tmp_path / "trajectories").glob("shard-*.parquet")]
+    loaded = datasets.load_dataset("parquet", data_files=files, split="train")
+    assert loaded[0]["segments"][0]["turns"][0]["completion_ids"] == [4, 5]
+
+
+def test_a_shard_missing_from_the_index_is_adopted_or_dropped(tmp_path):
+    store = TrajectoryStore(tmp_path, writable=True)
+    store.append([make_trajectory("demo/a", 0)])
+    shard = store.append([make_trajectory("demo/a", 1)])
+    index = tmp_path / "trajectories" / "index.json"
+    data = json.loads(index.read_text())
+    del data["shards"][shard.name]  # as if we crashed between the shard and the index
+    index.write_text(json.dumps(data))
+    store.close()
+    store = TrajectoryStore(tmp_path, writable=True)
+    assert len(store) == 2
+    store.compact()
+    merged = next((tmp_path / "trajectories").glob("shard-*"))
+    duplicate = merged.with_name("shard-999999-dup.parquet")  # an interrupted compaction
+    duplicate.write_bytes(merged.read_bytes())
+    store.close()
+    store = TrajectoryStore(tmp_path, writable=True)
+    assert len(store) == 2 and not duplicate.exists()
+
+
+def test_damaged_shard_is_named_and_others_still_read(tmp_path):
+    store = TrajectoryStore(tmp_path, writable=True)
+    store.append([make_trajectory("demo/a", 0)])
+    bad = store.append([make_trajectory("demo/b", 0)])
+    store.close()
+    bad.write_bytes(b"PAR1 this is not parquet")
+    contents = TrajectoryStore(tmp_path).load()
+    assert [t.task_id for t in contents.trajectories] == ["demo/a"]
+    assert len(contents.problems) == 1 and bad.name in contents.problems[0]
+    with pytest.raises(StoreError, match="not a run directory"):
+        TrajectoryStore(tmp_path / "nowhere")
+
+
+def test_one_writer_at_a_time(tmp_path):
+    first = TrajectoryStore(tmp_path, writable=True)
+    with pytest.raises(StoreError, match="another process"):
+        TrajectoryStore(tmp_path, writable=True)
+    first.close()
+
+
+@pytest.mark.slow
+def test_kill_9_then_resume_loses_and_duplicates_nothing(tmp_path):
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-c", "from skyrl_agent.cli import main; main()", "rollout",
+               "--agent", "oracle", "--tasks", "demo", "--n", "3", "-j", "2",
+               "--output", str(run_dir)]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True)
+    index = run_dir / "trajectories" / "index.json"
+    deadline = time.monotonic() + 240
+    stored_before_kill = 0
+    while time.monotonic() < deadline and process.poll() is None:
+        if index.exists():
+            try:
+                shards = json.loads(index.read_text())["shards"]
+                stored_before_kill = sum(len(keys) for keys in shards.values())
+            except ValueError:
+                pass
+        if stored_before_kill >= 6:
+            break
+        time.sleep(0.05)
+    assert process.poll() is None, "the run finished before it could be killed"
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    assert 6 <= stored_before_kill < 39
+    resumed = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    store = TrajectoryStore(run_dir)
+    trajectories = store.load().trajectories
+    keys = [(t.task_id, t.sample_index) for t in trajectories]
+    assert len(keys) == len(set(keys)) == 39
+    rows = sum(pq.read_metadata(p).num_rows
+               for p in (run_dir / "trajectories").glob("shard-*.parquet"))
+    assert rows == 39  # no duplicate rows on disk either
+    assert all(t.reward.value == 1.0 for t in trajectories)
