@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 
 import pytest
@@ -21,6 +22,7 @@ from tests.test_store import make_trajectory
 
 pytestmark = pytest.mark.slow
 EVENTS: list[tuple[str, str, float]] = []
+_ORDER = itertools.count()
 FAILURES: dict[str, int] = {}
 
 
@@ -48,7 +50,8 @@ class SlowOracle(OracleAgent):
 
     async def run(self, env, llm):
         EVENTS.append(("agent", env.task.name, time.monotonic()))
-        await asyncio.sleep(0.2 + 0.3 * (len(env.task.name) % 3))  # unequal: phases drift apart
+        # Alternately short and long, so one slot frees up while the other agent still works.
+        await asyncio.sleep(0.1 if next(_ORDER) % 2 == 0 else 1.5)
         result = await super().run(env, llm)
         EVENTS.append(("agent-done", env.task.name, time.monotonic()))
         return result
