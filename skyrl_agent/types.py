@@ -110,6 +110,15 @@ class Segment:
     summary_turn_index: int | None = None
     """Index of the turn that produced the summary closing this segment, if it was summarized."""
 
+    def new_inputs(self) -> list[tuple[int, ...]]:
+        """Per turn, the prompt ids that the previous prompt + completion did not already hold
+        (the whole prompt for the first turn): the observation the agent added."""
+        inputs, history = [], ()
+        for turn in self.turns:
+            inputs.append(turn.prompt_ids[len(history):])
+            history = turn.prompt_ids + turn.completion_ids
+        return inputs
+
     def is_token_consistent(self) -> bool:
         """True when every turn's prompt extends the previous prompt + completion."""
         for prev, cur in zip(self.turns, self.turns[1:], strict=False):

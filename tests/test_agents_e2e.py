@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -56,9 +57,10 @@ def test_agents_run_demo_tasks_with_the_real_model(agent, server, tmp_path):
 
 def test_a_plugin_agent_installed_by_entry_point_runs(tmp_path, smollm2_dir):
     target = tmp_path / "site"
-    install = subprocess.run(
+    source = shutil.copytree(REPO / "examples" / "hello-agent", tmp_path / "hello-agent")
+    install = subprocess.run(  # from a copy: building leaves build/ files beside the sources
         [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-         "--target", str(target), str(REPO / "examples" / "hello-agent")],
+         "--target", str(target), str(source)],
         capture_output=True, text=True, timeout=300)
     assert install.returncode == 0, install.stderr
     env = {"PYTHONPATH": str(target)}

@@ -205,3 +205,21 @@ async def test_a_failing_model_server_gives_a_masked_trajectory(tokenizer):
     trajectory, _ = await rollout(TerminusAgent(), "demo/hello-file", broken, tokenizer)
     assert trajectory.masked and trajectory.finish_reason == FinishReason.ERROR
     assert "model server" in trajectory.mask_reason and "500" in trajectory.mask_reason
+
+
+async def test_terminal_types_semicolons_and_keys_exactly():
+    from skyrl_agent.config import SandboxConfig
+    from skyrl_agent.envs.env import Env
+    from skyrl_agent.sandboxes.base import SandboxSpec, create_sandbox
+
+    task = find_task("demo/hello-file")
+    config = SandboxConfig()
+    async with create_sandbox(SandboxSpec.from_task(task, config), config) as sandbox:
+        terminal = Env(task, sandbox).terminal
+        await terminal.send_keys("echo one; echo two;\necho three\\;\n", 0.5)
+        await terminal.send_keys("sleep 30\n", 0.2)
+        await terminal.send_keys("C-c", 0.3)
+        screen = await terminal.capture()
+    assert "echo one; echo two;\none\ntwo\n" in screen
+    assert "echo three\\;\nthree;\n" in screen
+    assert "^C" in screen

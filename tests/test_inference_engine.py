@@ -207,3 +207,12 @@ def test_prefix_cache_lru_and_longest_match():
     assert cache.lookup([99, 98, 97])[0] == 0
     cache.store(list(range(100, 170)), [(torch.zeros(1, 1, 70, 2),) * 2])  # evicts the oldest
     assert cache.lookup(list(range(30)))[0] == 0
+
+
+async def test_a_failed_prefill_fails_only_its_own_request(engine):
+    running = asyncio.create_task(engine.generate(PROMPTS[2], greedy(60)))
+    while engine.stats().running == 0:
+        await asyncio.sleep(0.01)
+    with pytest.raises(RuntimeError, match="prefill failed"):
+        await engine.generate([10**9], greedy(3))  # not in the vocabulary: the forward fails
+    assert len((await running)[0].token_ids) == 60

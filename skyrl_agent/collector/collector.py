@@ -48,11 +48,6 @@ class Collector:
             return session
         return factory
 
-    def pending(self, tasks: list[TaskSpec], n: int) -> list[tuple[TaskSpec, int]]:
-        """The (task, sample) pairs the store does not hold yet."""
-        done = self.store.keys()
-        return [(t, i) for t in tasks for i in range(n) if (t.name, i) not in done]
-
     async def run(self, tasks: list[TaskSpec], n: int) -> list[TrajectoryGroup]:
         """Every task n times (skipping stored samples); returns the groups in task order."""
         stored = {(t.task_id, t.sample_index): t for t in self.store.load().trajectories}
@@ -86,3 +81,10 @@ class Collector:
         await asyncio.to_thread(self.store.append, [trajectory])  # on disk before handed on
         self.on_trajectory(trajectory)
         return trajectory
+
+
+def missing_samples(store: TrajectoryStore, tasks: list[TaskSpec], n: int,
+                    ) -> list[tuple[TaskSpec, int]]:
+    """The (task, sample) pairs the store does not hold yet."""
+    done = store.keys()
+    return [(t, i) for t in tasks for i in range(n) if (t.name, i) not in done]

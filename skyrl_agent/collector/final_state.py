@@ -7,6 +7,7 @@ of the same task by `skyrl-agent eval --regrade`. Only the task's working direct
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shlex
 import tarfile
@@ -18,8 +19,13 @@ from skyrl_agent.envs.env import Env
 MAX_STATE_BYTES = 64 * 1024 * 1024
 
 
+def sample_stem(task_id: str, sample_index: int) -> str:
+    """A file name for one sample: `demo/hello-file`, 3 -> `demo__hello-file#3`."""
+    return f"{task_id.replace('/', '__')}#{sample_index}"
+
+
 def state_path(run_dir: Path, task_id: str, sample_index: int) -> Path:
-    return run_dir / "final_state" / f"{task_id.replace('/', '__')}#{sample_index}.tar.gz"
+    return run_dir / "final_state" / f"{sample_stem(task_id, sample_index)}.tar.gz"
 
 
 async def capture(env: Env, destination: Path, limit_bytes: int = MAX_STATE_BYTES) -> str | None:
@@ -36,11 +42,20 @@ async def capture(env: Env, destination: Path, limit_bytes: int = MAX_STATE_BYTE
     with tempfile.TemporaryDirectory() as scratch:
         local = Path(scratch) / "state"
         await env.download(workdir, local)
-        tmp = destination.with_name(f".{destination.name}.tmp")
-        with tarfile.open(tmp, "w:gz") as archive:
-            archive.add(local, arcname=".")
-        os.replace(tmp, destination)
+        await asyncio.to_thread(_pack, local, destination)  # gzip must not stall other rollouts
     return None
+
+
+def _pack(folder: Path, destination: Path) -> None:
+    tmp = destination.with_name(f".{destination.name}.tmp")
+    with tarfile.open(tmp, "w:gz") as archive:
+        archive.add(folder, arcname=".")
+    os.replace(tmp, destination)
+
+
+def _unpack(archive: Path, folder: Path) -> None:
+    with tarfile.open(archive) as tar:
+        tar.extractall(folder, filter="data")
 
 
 async def restore(env: Env, archive: Path) -> None:
@@ -49,6 +64,5 @@ async def restore(env: Env, archive: Path) -> None:
     await env.exec(f"find {workdir} -mindepth 1 -delete", timeout=120)
     with tempfile.TemporaryDirectory() as scratch:
         local = Path(scratch) / "state"
-        with tarfile.open(archive) as tar:
-            tar.extractall(local, filter="data")
+        await asyncio.to_thread(_unpack, archive, local)
         await env.upload(local, env.workdir)

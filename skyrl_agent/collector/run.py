@@ -17,13 +17,13 @@ from typing import Any
 
 from skyrl_agent.agents.base import Agent
 from skyrl_agent.agents.session import LLMSession, SessionConfig
-from skyrl_agent.collector.collector import Collector
+from skyrl_agent.collector.collector import Collector, missing_samples
 from skyrl_agent.collector.rollout import SessionFactory
 from skyrl_agent.collector.store import TrajectoryStore
 from skyrl_agent.config import RunConfig, load_config
 from skyrl_agent.errors import UserError
 from skyrl_agent.inference.client import InferenceClient
-from skyrl_agent.types import Trajectory
+from skyrl_agent.types import Trajectory, TrajectoryGroup
 
 CONFIG_FILE = "config.json"
 
@@ -97,19 +97,21 @@ def rollout_command(config_path: Path | None, overrides: list[str], n: int, outp
     prepare_run_dir(output, settings, n)
     store = TrajectoryStore(output, writable=True)
 
+    pending = missing_samples(store, tasks, n)
+
     async def run(on_done: Callable[[Trajectory], Any]) -> list[Trajectory]:
-        collector = Collector(settings, agent_cls, store, on_trajectory=on_done)
-        if collector.pending(tasks, n) and agent_cls.needs_model:
+        async def collect(sessions: SessionFactory | None) -> list[TrajectoryGroup]:
+            return await Collector(settings, agent_cls, store, sessions, on_done).run(tasks, n)
+
+        if pending and agent_cls.needs_model:  # no server needed to finish a finished run
             async with model_sessions(settings, output) as sessions:
-                collector = Collector(settings, agent_cls, store, sessions, on_done)
-                groups = await collector.run(tasks, n)
+                groups = await collect(sessions)
         else:
-            groups = await collector.run(tasks, n)
+            groups = await collect(None)
         return [t for group in groups for t in group.trajectories]
 
     try:
-        pending = len(Collector(settings, agent_cls, store).pending(tasks, n))
-        trajectories = run_with_progress(run, pending)
+        trajectories = run_with_progress(run, len(pending))
         store.compact()  # one shard per trajectory while running; one file for readers after
         return trajectories
     finally:

@@ -71,6 +71,8 @@ class TrajectoryStore:
         self.folder = self.run_dir / FOLDER
         self._lock = threading.Lock()
         self._shards: dict[str, list[Key]] = {}
+        self._keys: set[Key] = set()
+        """Every key in _shards, kept beside it so append() does not rebuild it."""
         self._lock_file = None
         if writable:
             self.folder.mkdir(parents=True, exist_ok=True)
@@ -94,15 +96,16 @@ class TrajectoryStore:
         try:
             data = json.loads(path.read_text())
             self._shards = {name: [tuple(k) for k in keys] for name, keys in data["shards"].items()}
+            self._keys = {key for keys in self._shards.values() for key in keys}
         except (ValueError, KeyError, TypeError) as exc:
             raise StoreError(f"{path} is corrupted: {exc}") from None
 
     def keys(self) -> set[Key]:
         """(task, sample) of every stored trajectory."""
-        return {key for keys in self._shards.values() for key in keys}
+        return set(self._keys)
 
     def __len__(self) -> int:
-        return len(self.keys())
+        return len(self._keys)
 
     def load(self) -> StoreContents:
         """Every trajectory; an unreadable shard is reported and skipped, never fatal."""
@@ -127,8 +130,7 @@ class TrajectoryStore:
         """Write trajectories as one shard, durably, before returning. Keys already stored are
         skipped (a resumed run never duplicates)."""
         with self._lock:
-            known = self.keys()
-            fresh = [t for t in trajectories if (t.task_id, t.sample_index) not in known]
+            fresh = [t for t in trajectories if (t.task_id, t.sample_index) not in self._keys]
             if not fresh:
                 return None
             name = f"shard-{len(self._shards):06d}-{uuid.uuid4().hex[:8]}.parquet"
@@ -136,6 +138,7 @@ class TrajectoryStore:
             pq.write_table(to_table(fresh), tmp)
             _durable_rename(tmp, self.folder / name)
             self._shards[name] = [(t.task_id, t.sample_index) for t in fresh]
+            self._keys.update(self._shards[name])
             self._write_index()
             return self.folder / name
 
@@ -156,10 +159,11 @@ class TrajectoryStore:
                 keys = _shard_keys(path)
             except (OSError, ValueError):
                 continue  # never renamed into place complete; load() reports nothing for it
-            if set(keys) & self.keys():
+            if set(keys) & self._keys:
                 path.unlink()
             else:
                 self._shards[path.name] = keys
+                self._keys.update(keys)
             changed = True
         if changed:
             self._write_index()

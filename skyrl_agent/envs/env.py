@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import os
+import posixpath
 import shlex
 import tempfile
 from collections.abc import Mapping
@@ -49,12 +50,17 @@ class Env:
         return self._terminal
 
     async def read_file(self, path: str) -> str:
-        """A text file's content; FileNotFoundError when it is missing or not a file."""
-        result = await self.exec(f"test -f {shlex.quote(path)} && cat -- {shlex.quote(path)}",
-                                 timeout=30, cwd=self.workdir)
-        if result.exit_code != 0:
-            raise FileNotFoundError(path)
-        return result.stdout
+        """A text file's whole content; FileNotFoundError when it is missing or not a file.
+
+        Read through a download, not `cat`: command output is cut at max_output_bytes, and an
+        editor that wrote a cut file back would corrupt it."""
+        absolute = posixpath.join(self.workdir, path)
+        with tempfile.TemporaryDirectory() as scratch:
+            local = Path(scratch) / "file"
+            await self.download(absolute, local)
+            if not local.is_file():
+                raise FileNotFoundError(path)
+            return local.read_bytes().decode(errors="replace")
 
     async def write_file(self, path: str, content: str) -> None:
         """Create or replace a file (parent folders are created; an existing file keeps its
@@ -74,7 +80,7 @@ class Env:
             local = Path(scratch) / "file"
             local.write_bytes(data)
             os.chmod(local, 0o644)
-            await self.upload(local, path)
+            await self.upload(local, posixpath.join(self.workdir, path))
 
     async def upload(self, local: Path, remote: str) -> None:
         await self.sandbox.upload(local, remote)

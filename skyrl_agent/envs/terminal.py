@@ -42,8 +42,6 @@ class TmuxTerminal:
             timeout=15, cwd=self.workdir, env={"TERM": "xterm-256color", "HISTFILE": "/dev/null"})
         if result.exit_code != 0:
             raise SandboxError(f"cannot start tmux: {result.stderr.strip()[-300:]}")
-        # Keep the scroll-back bounded: capture() reads the visible pane plus some history.
-        await self._tmux(f"set-option -t {self.name} history-limit 10000")
         self.started = True
 
     async def send_keys(self, keystrokes: str, wait_s: float = 0.0) -> None:
@@ -53,22 +51,24 @@ class TmuxTerminal:
             await self.start()
         if _KEY_NAME.match(keystrokes.strip()) and "\n" not in keystrokes:
             await self._tmux(f"send-keys -t {self.name} {shlex.quote(keystrokes.strip())}")
-        else:
+        else:  # one tmux call: literal text per line, Enter between lines
+            parts = []
             lines = keystrokes.split("\n")
             for index, line in enumerate(lines):
                 if line:
-                    await self._tmux(f"send-keys -t {self.name} -l -- {shlex.quote(line)}")
+                    parts.append(f"send-keys -t {self.name} -l -- {shlex.quote(_literal(line))}")
                 if index < len(lines) - 1:
-                    await self._tmux(f"send-keys -t {self.name} Enter")
+                    parts.append(f"send-keys -t {self.name} Enter")
+            if parts:
+                await self._tmux(" \\; ".join(parts))
         if wait_s > 0:
             await asyncio.sleep(wait_s)
 
-    async def capture(self, history_lines: int = 0) -> str:
-        """The pane's text (plus up to `history_lines` of scroll-back), trailing blanks cut."""
+    async def capture(self) -> str:
+        """The visible pane's text, trailing blanks cut."""
         if not self.started:
             await self.start()
-        start = f" -S -{history_lines}" if history_lines else ""
-        result = await self._tmux(f"capture-pane -p -J -t {self.name}{start}")
+        result = await self._tmux(f"capture-pane -p -J -t {self.name}")
         return result.stdout.rstrip() + "\n"
 
     async def _tmux(self, arguments: str) -> ExecResult:
@@ -77,3 +77,9 @@ class TmuxTerminal:
             raise SandboxError(f"tmux {arguments.split()[0]} failed: "
                                f"{result.stderr.strip()[-300:]}")
         return result
+
+
+def _literal(text: str) -> str:
+    """tmux ends a command at an argument's trailing `;` and strips one backslash before it, so
+    a line ending in `;` (or `\\;`, as in `find -exec ... \\;`) gets one more backslash."""
+    return f"{text[:-1]}\\;" if text.endswith(";") else text

@@ -15,6 +15,7 @@ from harbor.models.trajectories import Agent, FinalMetrics, Metrics, Step
 from harbor.models.trajectories import Trajectory as AtifTrajectory
 
 from skyrl_agent import __version__
+from skyrl_agent.collector.final_state import sample_stem
 from skyrl_agent.types import Trajectory
 
 Decode = Callable[[tuple[int, ...]], str]
@@ -23,11 +24,10 @@ Decode = Callable[[tuple[int, ...]], str]
 def to_atif(trajectory: Trajectory, decode: Decode, model_name: str | None) -> AtifTrajectory:
     steps: list[Step] = []
     for segment_index, segment in enumerate(trajectory.segments):
-        history: tuple[int, ...] = ()
-        for turn in segment.turns:
+        for turn, new_input in zip(segment.turns, segment.new_inputs(), strict=True):
             when = datetime.datetime.fromtimestamp(turn.started_at, datetime.UTC).isoformat()
             steps.append(Step(step_id=len(steps) + 1, source="user", timestamp=when,
-                              message=decode(turn.prompt_ids[len(history):]),
+                              message=decode(new_input),
                               extra={"segment": segment_index}))
             steps.append(Step(
                 step_id=len(steps) + 1, source="agent", model_name=model_name,
@@ -39,7 +39,6 @@ def to_atif(trajectory: Trajectory, decode: Decode, model_name: str | None) -> A
                                 logprobs=list(turn.completion_logprobs)),
                 extra={"policy_version": turn.policy_version,
                        "finish_reason": turn.finish_reason.value}))
-            history = turn.prompt_ids + turn.completion_ids
     turns = [t for s in trajectory.segments for t in s.turns]
     if not steps:  # ATIF needs a step; agents like oracle make no model calls
         steps.append(Step(step_id=1, source="system",
@@ -62,7 +61,7 @@ def export_atif(trajectories: list[Trajectory], folder: Path, decode: Decode,
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for trajectory in trajectories:
-        path = folder / f"{trajectory.task_id.replace('/', '__')}#{trajectory.sample_index}.json"
+        path = folder / f"{sample_stem(trajectory.task_id, trajectory.sample_index)}.json"
         path.write_text(to_atif(trajectory, decode, model_name).model_dump_json(
             indent=2, exclude_none=True))
         paths.append(path)

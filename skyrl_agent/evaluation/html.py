@@ -23,10 +23,7 @@ Decode = Callable[[tuple[int, ...]], str]
 def _turns(trajectory: Trajectory, decode: Decode | None) -> list[dict[str, Any]]:
     turns = []
     for segment_index, segment in enumerate(trajectory.segments):
-        history: tuple[int, ...] = ()
-        for turn in segment.turns:
-            new_input = turn.prompt_ids[len(history):]
-            history = turn.prompt_ids + turn.completion_ids
+        for turn, new_input in zip(segment.turns, segment.new_inputs(), strict=True):
             turns.append({
                 "segment": segment_index,
                 "input": decode(new_input) if decode else f"[{len(new_input)} tokens]",

@@ -10,7 +10,12 @@ from skyrl_agent.collector import final_state
 from skyrl_agent.config import SandboxConfig
 from skyrl_agent.envs.env import Env
 from skyrl_agent.errors import UserError
-from skyrl_agent.sandboxes.base import SandboxError, SandboxSpec, create_sandbox
+from skyrl_agent.sandboxes.base import (
+    SandboxError,
+    SandboxSpec,
+    UnsupportedEnvironment,
+    create_sandbox,
+)
 from skyrl_agent.tasks import find_task
 from skyrl_agent.types import Trajectory
 
@@ -40,7 +45,7 @@ async def _one(trajectory: Trajectory, run_dir: Path, config: SandboxConfig) -> 
             env = Env(task, sandbox)
             await final_state.restore(env, archive)
             reward = await env.verify()
-    except SandboxError as exc:
+    except (SandboxError, UnsupportedEnvironment) as exc:
         return Regrade(trajectory.task_id, trajectory.sample_index, stored, None,
                        f"sandbox: {exc}")
     return Regrade(trajectory.task_id, trajectory.sample_index, stored, reward.value,

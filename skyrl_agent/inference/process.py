@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -41,7 +42,11 @@ class ServerProcess:
                  url: str | None = None) -> None:
         self.argv = list(argv)
         self.env = env
-        self.log_path = log_path or Path(tempfile.mkstemp(prefix="skyrl-server-", suffix=".log")[1])
+        if log_path is None:
+            fd, name = tempfile.mkstemp(prefix="skyrl-server-", suffix=".log")
+            os.close(fd)
+            log_path = Path(name)
+        self.log_path = log_path
         self.startup_timeout_s = startup_timeout_s
         self.url = url
         """Known in advance for servers that print no ready line (vLLM); else read from stdout."""
@@ -58,13 +63,26 @@ class ServerProcess:
         except BaseException:
             self.stop()
             raise
+        # Keep draining stdout into the log: a full pipe would block the server's writes.
+        threading.Thread(target=self._drain_stdout, daemon=True).start()
         return self.url
+
+    def _drain_stdout(self) -> None:
+        assert self._process is not None and self._process.stdout is not None
+        with open(self.log_path, "ab") as log:
+            for line in self._process.stdout:
+                log.write(line)
+                log.flush()
 
     def _wait_ready(self) -> str:
         assert self._process is not None and self._process.stdout is not None
         deadline = time.monotonic() + self.startup_timeout_s
-        selector = selectors.DefaultSelector()
-        selector.register(self._process.stdout, selectors.EVENT_READ)
+        with selectors.DefaultSelector() as selector:
+            selector.register(self._process.stdout, selectors.EVENT_READ)
+            return self._read_ready_line(selector, deadline)
+
+    def _read_ready_line(self, selector: selectors.BaseSelector, deadline: float) -> str:
+        assert self._process is not None and self._process.stdout is not None
         buffer = b""
         while time.monotonic() < deadline:
             if self.url and _healthy(self.url):

@@ -215,12 +215,15 @@ class Engine:
         return not self._rows or len(self._rows) + self._waiting[0].n <= self.max_batch_size
 
     def _admit(self, request: _Request) -> None:
+        rows_before = len(self._rows)
         try:
             self._prefill(request)
         except Exception as exc:
-            # Fail this request alone; _run's handler fails the rows it may have joined.
+            log.exception("prefill failed")
             _resolve(request.loop, request.future, exc=RuntimeError(f"prefill failed: {exc}"))
-            raise
+            if len(self._rows) != rows_before:
+                raise  # the batch changed under the failure: _run fails the running rows
+            # Otherwise only this request failed (e.g. out of memory on a long prompt).
 
     def _prefill(self, request: _Request) -> None:
         prompt = request.prompt_ids
@@ -272,7 +275,7 @@ class Engine:
         params, token = row.request.params, row.tokens[-1]
         if token in params.stop_token_ids or (token in self.eos_ids and not params.ignore_eos):
             return "stop"
-        if params.stop:
+        if params.stop and self._stop_in_tail(row, params.stop):
             text = self.tokenizer.decode(row.tokens, skip_special_tokens=True)
             hits = [i for i in (text.find(s) for s in params.stop) if i >= 0]
             if hits:
@@ -283,6 +286,13 @@ class Engine:
         if len(row.request.prompt_ids) + len(row.tokens) >= self.max_model_len:
             return "length"
         return None
+
+    def _stop_in_tail(self, row: _Row, stops: tuple[str, ...]) -> bool:
+        """Whether a stop string may have just completed: decodes only the last few tokens
+        (every token is at least one character), not the whole output, on each step."""
+        window = max(len(s) for s in stops) + 4
+        tail = self.tokenizer.decode(row.tokens[-window:], skip_special_tokens=True)
+        return any(s in tail for s in stops)
 
     def _retire_finished(self) -> None:
         done = [i for i, r in enumerate(self._rows) if r.finish is not None]
