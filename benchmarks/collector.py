@@ -1,9 +1,10 @@
 """The collector's own overhead, and end-to-end throughput with the embedded model.
 
-1. Agent steps/s at concurrency 1, 16 and 64: Terminus against a server that replies instantly
-   (a fixed, valid reply) in a sandbox that does nothing. Everything else is real: LLM sessions
-   with chat rendering, the HTTP client, the collector, the Parquet store. Target: >= 500
-   steps/s, i.e. the framework is never the bottleneck.
+1. Agent steps/s at concurrency 1, 16 and 64, in 50-step rollouts (a typical episode length):
+   Terminus against a server that replies instantly (a fixed, valid reply) in a sandbox that
+   does nothing. Everything else is real: LLM sessions with chat rendering, the HTTP client,
+   the collector, the Parquet store. Target: >= 500 steps/s, i.e. the framework is never the
+   bottleneck.
 2. Rollouts/min end to end: Terminus with the embedded SmolLM2 server on demo tasks in local
    sandboxes (2 turns of 32 tokens each).
 
@@ -35,7 +36,7 @@ from skyrl_agent.inference.models import resolve_model
 from skyrl_agent.sandboxes.base import ExecResult, Sandbox
 from skyrl_agent.tasks import resolve_tasks
 
-STEPS_PER_ROLLOUT = 20
+STEPS_PER_ROLLOUT = 50
 REPLY = json.dumps({"analysis": "a", "plan": "p", "commands": [{"keystrokes": "ls\n",
                                                                   "duration": 0}],
                     "task_complete": False})
