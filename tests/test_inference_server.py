@@ -160,13 +160,14 @@ async def test_pause_keep_update_resume_with_eight_generations(server, reference
     save_file({"model.norm.weight": original}, restore)
     uniform = -math.log(len(tokenizer))
     async with InferenceClient([server]) as client:
-        sampling = Sampling(max_tokens=96, temperature=1.0)
+        sampling = Sampling(max_tokens=96, temperature=1.0, ignore_eos=True)
         prompts = [chat_ids(tokenizer, f"Tell a long story about dragon number {i}.")
                    for i in range(8)]
-        # ignore_eos is not a client field: use stop_token_ids=() and a huge budget instead.
+        # The server is shared by the module: count from here, so all 8 are mid-generation.
+        base = _metrics(server)["skyrl_inference_generation_tokens_total"]
         tasks = [asyncio.create_task(client.complete(p, sampling, session_id=f"s{i}"))
                  for i, p in enumerate(prompts)]
-        await _wait_for_tokens(server, 8 * 4)
+        await _wait_for_tokens(server, base + 8 * 4)
         await client.pause("keep")
         assert await client.is_paused()
         seconds = await client.update_weights(str(zero_norm), 1)
@@ -185,6 +186,7 @@ async def test_pause_keep_update_resume_with_eight_generations(server, reference
                 assert abs(logprob - uniform) < 1e-3
         mixed += 0 in versions and 1 in versions
     assert mixed >= 1, "no generation spanned the weight update"
+    assert all(len(out.token_ids) == 96 for out in outputs)
     assert all(abs(lp - uniform) < 1e-3 for lp in fresh.logprobs)
     assert fresh.token_policy_versions == (1,) * len(fresh.token_ids)
 
