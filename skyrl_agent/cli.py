@@ -109,7 +109,7 @@ def tasks_check(
         reap_expired_containers()
     results = _run_with_progress(
         lambda on_result: check_tasks(tasks, agent, settings.sandbox, jobs=jobs,
-                                      on_result=on_result),
+                                      verifier=settings.verifier, on_result=on_result),
         total=len(tasks), as_json=as_json)
     if not as_json:
         _print_check_table(results)

@@ -49,6 +49,8 @@ class SandboxConfig(_Section):
     """CPU limit; None uses the task's `[environment] cpus` (or 1)."""
     pids_limit: int = Field(default=512, ge=16)
     """Most processes a sandbox may hold at once (stops fork bombs)."""
+    storage_mb: int | None = Field(default=None, gt=0)
+    """Disk a sandbox may fill; None uses the task's `[environment] storage_mb` (or 10240)."""
     deadline_s: float | None = Field(default=None, gt=0)
     """Hard lifetime of a sandbox; None = the task's agent timeout + verifier timeout + 60 s."""
     warm_pool: int = Field(default=0, ge=0)
@@ -59,6 +61,19 @@ class SandboxConfig(_Section):
     """Host folder for local sandboxes' private files; None = the system temp folder."""
     docker: DockerConfig = Field(default_factory=DockerConfig)
     """Docker backend settings."""
+
+
+class VerifierConfig(_Section):
+    """How rewards are computed once the agent stops."""
+
+    default_mode: Literal["separate", "shared"] = "separate"
+    """For tasks whose `[verifier]` names no `environment_mode`: `separate` runs the tests in a
+    fresh sandbox on the collected artifacts (the agent cannot reach it); `shared` is Harbor's
+    default, the tests run in the agent's sandbox after its processes are killed (weaker)."""
+    max_artifact_mb: int = Field(default=256, gt=0)
+    """Most file content collected from the agent's sandbox; more scores 0."""
+    max_artifact_files: int = Field(default=50_000, gt=0)
+    """Most files, folders and links collected from the agent's sandbox; more scores 0."""
 
 
 class TasksConfig(_Section):
@@ -141,6 +156,7 @@ class RunConfig(_Section):
 
     tasks: TasksConfig = Field(default_factory=TasksConfig)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    verifier: VerifierConfig = Field(default_factory=VerifierConfig)
     agent: AgentConfig = Field(default_factory=AgentConfig)
     inference: InferenceConfig = Field(default_factory=InferenceConfig)
     collector: CollectorConfig = Field(default_factory=CollectorConfig)

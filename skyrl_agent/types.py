@@ -34,6 +34,25 @@ class FinishReason(enum.StrEnum):
     """A model call was aborted by the server (pause with mode=abort)."""
 
 
+class FailureKind(enum.StrEnum):
+    """Who a failed trajectory's failure belongs to; decides retry and masking (policy.py)."""
+
+    INFRA = "infra"
+    """The host's: a sandbox that would not start, an engine or model-server error. Retried,
+    then masked."""
+    UNSUPPORTED = "unsupported"
+    """The task asks for what this backend cannot give. Masked, never retried."""
+    AGENT_TIMEOUT = "agent_timeout"
+    """The agent ran past its deadline. Masked."""
+    AGENT_CRASH = "agent_crash"
+    """The agent's own code raised. Masked."""
+    SANDBOX_DIED = "sandbox_died"
+    """The sandbox died while the agent's commands ran (it can kill its own). Reward 0, kept."""
+    OVER_LIMIT = "over_limit"
+    """What the agent left passes the artifact limits, or its processes could not be killed.
+    Reward 0, kept."""
+
+
 def _frozen_mapping(values: Mapping[str, float]) -> Mapping[str, float]:
     return MappingProxyType(dict(values))
 
@@ -148,6 +167,8 @@ class Trajectory:
     """True when the trajectory must not contribute to the loss (infra failure, timeout, ...)."""
     mask_reason: str | None = None
     """Why it is masked."""
+    failure: FailureKind | None = None
+    """Whose failure it was, when the run failed (None: it ran to verification)."""
     sandbox_time_s: float = 0.0
     """Seconds to start the sandbox."""
     agent_time_s: float = 0.0

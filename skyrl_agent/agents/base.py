@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -9,7 +11,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from skyrl_agent import plugins
 from skyrl_agent.envs.env import Env
-from skyrl_agent.types import FinishReason
+from skyrl_agent.envs.episode import AgentOutcome
+from skyrl_agent.inference.client import InferenceError
+from skyrl_agent.sandboxes.base import SandboxError
+from skyrl_agent.types import FailureKind, FinishReason
 
 if TYPE_CHECKING:
     from skyrl_agent.agents.session import LLMSession
@@ -41,6 +46,30 @@ class Agent(ABC):
     @abstractmethod
     async def run(self, env: Env, llm: LLMSession | None) -> AgentResult | None:
         """Work on env's task until done; the caller verifies afterwards. None means STOP."""
+
+
+log = logging.getLogger(__name__)
+
+
+async def run_agent(agent: Agent, env: Env, llm: LLMSession | None,
+                    timeout_s: float) -> AgentOutcome:
+    """Run an agent to its end or deadline. Its own failures become an outcome; sandbox errors
+    propagate, for the episode to attribute."""
+    try:
+        result = await asyncio.wait_for(agent.run(env, llm), timeout=timeout_s)
+    except TimeoutError:
+        return AgentOutcome(FinishReason.AGENT_TIMEOUT, FailureKind.AGENT_TIMEOUT,
+                            f"agent timed out after {timeout_s:g} s")
+    except SandboxError:
+        raise
+    except InferenceError as exc:
+        return AgentOutcome(FinishReason.ERROR, FailureKind.INFRA, f"model server: {exc}")
+    except Exception as exc:  # noqa: BLE001 - an agent bug must not stop the other rollouts
+        log.warning("agent %s crashed on %s", agent.name, env.task.name, exc_info=True)
+        return AgentOutcome(FinishReason.ERROR, FailureKind.AGENT_CRASH,
+                            f"agent crashed: {type(exc).__name__}: {exc}")
+    result = result or AgentResult()
+    return AgentOutcome(result.finish_reason, metrics=dict(result.metrics))
 
 
 def agent_class(name: str) -> type[Agent]:

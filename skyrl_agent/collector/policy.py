@@ -2,8 +2,10 @@
 
 - context overflow: the attempt counts, with reward 0 (the agent used its budget badly);
 - agent timeout, agent crash: masked (no gradient), kept with the reason;
-- sandbox or model-server (infrastructure) error: retried up to `infra_retries` times, then
-  masked;
+- a failure the host can pin on infrastructure (FailureKind.INFRA: sandbox start, engine,
+  model server): retried up to `infra_retries` times, then masked;
+- a sandbox that died under the agent, or artifacts over their limits: reward 0, kept (an agent
+  must not be able to opt out of a negative reward by breaking its sandbox);
 - with `mask_group_on_failure`, one masked sample masks its whole group.
 """
 
@@ -12,13 +14,11 @@ from __future__ import annotations
 import dataclasses
 
 from skyrl_agent.config import CollectorConfig
-from skyrl_agent.types import FinishReason, Reward, Trajectory, TrajectoryGroup
-
-INFRA_PREFIXES = ("sandbox error", "model server")
+from skyrl_agent.types import FailureKind, FinishReason, Reward, Trajectory, TrajectoryGroup
 
 
 def is_infra_failure(trajectory: Trajectory) -> bool:
-    return trajectory.masked and (trajectory.mask_reason or "").startswith(INFRA_PREFIXES)
+    return trajectory.failure == FailureKind.INFRA
 
 
 class FailurePolicy:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from skyrl_agent.types import FinishReason, Reward, Segment, Trajectory, Turn
+from skyrl_agent.types import FailureKind, FinishReason, Reward, Segment, Trajectory, Turn
 
 TURN = pa.struct([
     ("prompt_ids", pa.list_(pa.int32())),
@@ -30,7 +30,7 @@ SCHEMA = pa.schema([
     ("task_id", pa.string()), ("sample_index", pa.int32()), ("agent", pa.string()),
     ("reward", pa.float64()), ("reward_components", pa.string()),
     ("reward_reason", pa.string()), ("finish_reason", pa.string()), ("masked", pa.bool_()),
-    ("mask_reason", pa.string()), ("sandbox_time_s", pa.float64()),
+    ("mask_reason", pa.string()), ("failure", pa.string()), ("sandbox_time_s", pa.float64()),
     ("agent_time_s", pa.float64()), ("verify_time_s", pa.float64()),
     ("metrics", pa.string()), ("segments", pa.list_(SEGMENT)),
 ])
@@ -55,7 +55,8 @@ def to_row(t: Trajectory) -> dict[str, Any]:
         "task_id": t.task_id, "sample_index": t.sample_index, "agent": t.agent,
         "reward": t.reward.value, "reward_components": json.dumps(dict(t.reward.components)),
         "reward_reason": t.reward.reason, "finish_reason": t.finish_reason.value,
-        "masked": t.masked, "mask_reason": t.mask_reason, "sandbox_time_s": t.sandbox_time_s,
+        "masked": t.masked, "mask_reason": t.mask_reason,
+        "failure": None if t.failure is None else t.failure.value, "sandbox_time_s": t.sandbox_time_s,
         "agent_time_s": t.agent_time_s, "verify_time_s": t.verify_time_s,
         "metrics": json.dumps(dict(t.metrics)),
         "segments": [{"turns": [_turn_row(turn) for turn in s.turns],
@@ -84,6 +85,7 @@ def from_row(row: dict[str, Any]) -> Trajectory:
         task_id=row["task_id"], sample_index=row["sample_index"], agent=row["agent"],
         segments=segments, reward=reward, finish_reason=FinishReason(row["finish_reason"]),
         masked=row["masked"], mask_reason=row["mask_reason"],
+        failure=None if row.get("failure") is None else FailureKind(row["failure"]),
         sandbox_time_s=row["sandbox_time_s"], agent_time_s=row["agent_time_s"],
         verify_time_s=row["verify_time_s"], metrics=json.loads(row["metrics"]))
 

@@ -1,6 +1,5 @@
-"""Environments: a task + a sandbox + its verifier."""
+"""Environments: a task + a sandbox, and the episode lifecycle that verifies what it left."""
 
 from skyrl_agent.envs.env import Env
-from skyrl_agent.envs.verifier import verify
 
-__all__ = ["Env", "verify"]
+__all__ = ["Env"]

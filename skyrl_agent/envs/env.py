@@ -11,17 +11,15 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from skyrl_agent.envs.terminal import TmuxTerminal
-from skyrl_agent.envs.verifier import verify
 from skyrl_agent.sandboxes.base import ExecResult, Sandbox, SandboxError
 from skyrl_agent.tasks.model import TaskSpec
-from skyrl_agent.types import Reward
 
 _INLINE_WRITE_LIMIT = 64 * 1024  # larger files go through upload (tar) instead of the command line
 
 
 class Env:
     """What an agent may do: read the instruction, run commands, read and write files, use a
-    terminal (tmux) in the sandbox. Then verify()."""
+    terminal (tmux) in the sandbox. Verification is not its business: see episode.py."""
 
     def __init__(self, task: TaskSpec, sandbox: Sandbox) -> None:
         self.task = task
@@ -52,15 +50,12 @@ class Env:
     async def read_file(self, path: str) -> str:
         """A text file's whole content; FileNotFoundError when it is missing or not a file.
 
-        Read through a download, not `cat`: command output is cut at max_output_bytes, and an
+        Read by the host, not with `cat`: command output is cut at max_output_bytes, and an
         editor that wrote a cut file back would corrupt it."""
-        absolute = posixpath.join(self.workdir, path)
-        with tempfile.TemporaryDirectory() as scratch:
-            local = Path(scratch) / "file"
-            await self.download(absolute, local)
-            if not local.is_file():
-                raise FileNotFoundError(path)
-            return local.read_bytes().decode(errors="replace")
+        data = await self.sandbox.read_file(posixpath.join(self.workdir, path))
+        if data is None:
+            raise FileNotFoundError(path)
+        return data.decode(errors="replace")
 
     async def write_file(self, path: str, content: str) -> None:
         """Create or replace a file (parent folders are created; an existing file keeps its
@@ -84,10 +79,3 @@ class Env:
 
     async def upload(self, local: Path, remote: str) -> None:
         await self.sandbox.upload(local, remote)
-
-    async def download(self, remote: str, local: Path) -> None:
-        await self.sandbox.download(remote, local)
-
-    async def verify(self) -> Reward:
-        """Run the task's tests (copied in only now) and read the reward."""
-        return await verify(self.sandbox, self.task)

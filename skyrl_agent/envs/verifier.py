@@ -1,23 +1,107 @@
-"""Harbor's reward protocol, run after the agent stops.
+"""Harbor's reward protocol, run so that the agent cannot reach it.
 
-Stale reward files are deleted, tests/ is copied to /tests (only now, so the agent never saw it),
-test.sh runs with the verifier's timeout, user and env, and reward.json (wins) or reward.txt is
-read. Whatever goes wrong becomes reward 0 with the reason recorded, never an exception.
+The agent is root in its sandbox and adversarial. After it stops, every process it left is
+killed and its artifacts (task.toml `artifacts`, or the working directory) are collected as a
+host-written bundle (sandboxes/artifacts.py). Then, in `separate` mode (the default here), the
+tests run in a fresh sandbox built from the pristine environment, with the bundle restored at
+its paths; in `shared` mode (Harbor's default, weaker) they run in the agent's sandbox. Either
+way: tests/ is copied in only now, test.sh runs from /tests with the sandbox's own environment
+plus the verifier's `env`, every process is killed once it ends, and the reward file is read by
+the host without following links. Whatever goes wrong becomes reward 0 with a reason.
 """
 
 from __future__ import annotations
 
+import gzip
+import io
 import json
 import math
-import tempfile
+import posixpath
+import shlex
 import time
-from pathlib import Path
+from dataclasses import dataclass
 
+from harbor.models.task.config import ArtifactConfig, VerifierEnvironmentMode
+
+from skyrl_agent.config import VerifierConfig
+from skyrl_agent.sandboxes.artifacts import ArtifactLimitExceeded, ArtifactLimits, BundleWriter
 from skyrl_agent.sandboxes.base import Sandbox, SandboxError
 from skyrl_agent.tasks.model import TaskSpec
 from skyrl_agent.types import Reward
 
 VERIFIER_DIR = "/logs/verifier"
+REWARD_FILE_LIMIT = 64 * 1024
+SEPARATE, SHARED = "separate", "shared"
+
+
+@dataclass(frozen=True)
+class ArtifactPath:
+    """One absolute sandbox path collected after the agent stops."""
+
+    path: str
+    exclude: tuple[str, ...] = ()
+    """harbor `exclude` patterns (matched against names and base names)."""
+
+
+def verifier_mode(task: TaskSpec, config: VerifierConfig) -> str:
+    """`separate` or `shared`: the task's explicit choice, else separate when it defines a
+    verifier environment, else the run's default."""
+    verifier = task.config.verifier
+    if verifier.environment_mode is not None:
+        return SEPARATE if verifier.environment_mode == VerifierEnvironmentMode.SEPARATE else SHARED
+    if verifier.environment is not None:
+        return SEPARATE
+    return config.default_mode
+
+
+def artifact_paths(task: TaskSpec, workdir: str) -> tuple[ArtifactPath, ...]:
+    """The task's declared artifacts (relative ones under the workdir), else the workdir."""
+    paths = []
+    for entry in task.config.artifacts:
+        item = entry if isinstance(entry, ArtifactConfig) else ArtifactConfig(source=entry)
+        if item.service not in (None, "main"):
+            continue  # sidecar services are not supported by our backends
+        source = posixpath.normpath(posixpath.join(workdir, item.source))
+        paths.append(ArtifactPath(source, tuple(item.exclude)))
+    if not paths and workdir not in ("", "/"):
+        paths.append(ArtifactPath(workdir))
+    return tuple(paths)
+
+
+def limits_of(config: VerifierConfig) -> ArtifactLimits:
+    return ArtifactLimits(max_bytes=config.max_artifact_mb * 1024 * 1024,
+                          max_entries=config.max_artifact_files)
+
+
+async def run_collect_hooks(sandbox: Sandbox, task: TaskSpec) -> None:
+    """`[[verifier.collect]]` commands of the main service, run before collection."""
+    for hook in task.config.verifier.collect:
+        if hook.service == "main":
+            await sandbox.exec(hook.command, timeout=hook.timeout_sec, user=hook.user)
+
+
+async def collect_bundle(sandbox: Sandbox, paths: tuple[ArtifactPath, ...],
+                         limits: ArtifactLimits) -> bytes:
+    """The artifacts as a gzipped tar the host wrote; ArtifactLimitExceeded past `limits`."""
+    buffer = io.BytesIO()
+    with BundleWriter(buffer, limits) as writer:
+        for artifact in paths:
+            writer.exclude = artifact.exclude
+            await sandbox.collect(artifact.path, writer)
+    return buffer.getvalue()
+
+
+async def restore_bundle(sandbox: Sandbox, bundle: bytes,
+                         paths: tuple[ArtifactPath, ...]) -> None:
+    """Replace each artifact path of a fresh sandbox with the bundle's content (a path the
+    agent deleted stays deleted)."""
+    for artifact in paths:
+        removed = await sandbox.exec(f"rm -rf -- {shlex.quote(artifact.path)}", timeout=120,
+                                     cwd="/", user=0)
+        if not removed.ok:
+            raise SandboxError(f"cannot clear {artifact.path}: {removed.stderr.strip()[-200:]}")
+    # Our own archive; the sandbox's tar reads it plain (tar cannot sniff gzip on a pipe).
+    await sandbox.extract(gzip.decompress(bundle), "/")
 
 
 def parse_reward_json(text: str) -> tuple[float, dict[str, float]]:
@@ -44,55 +128,50 @@ def parse_reward_txt(text: str) -> float:
     return value
 
 
-async def _read(sandbox: Sandbox, remote: str, scratch: Path) -> str | None:
-    local = scratch / Path(remote).name
-    try:
-        await sandbox.download(remote, local)
-    except FileNotFoundError:
-        return None
-    return local.read_text(errors="replace")
-
-
-async def verify(sandbox: Sandbox, task: TaskSpec) -> Reward:
-    """Run the task's tests in the sandbox and return the reward (0 with a reason on failure)."""
+async def run_tests(sandbox: Sandbox, task: TaskSpec, fresh_home: bool) -> Reward:
+    """Copy tests/ in, run test.sh, kill what it left, read the reward (0 with a reason on any
+    failure, never an exception)."""
     started = time.monotonic()
     try:
-        return await _verify(sandbox, task, started)
+        return await _run_tests(sandbox, task, fresh_home, started)
     except SandboxError as exc:
         return Reward.failed(f"sandbox error during verification: {exc}",
                              time.monotonic() - started)
-    except Exception as exc:  # noqa: BLE001 - a verifier failure must cost a reward, not a run
-        return Reward.failed(f"verifier error: {type(exc).__name__}: {exc}",
-                             time.monotonic() - started)
+    except ArtifactLimitExceeded as exc:
+        return Reward.failed(f"reward file: {exc}", time.monotonic() - started)
 
 
-async def _verify(sandbox: Sandbox, task: TaskSpec, started: float) -> Reward:
+async def _run_tests(sandbox: Sandbox, task: TaskSpec, fresh_home: bool,
+                     started: float) -> Reward:
     verifier = task.config.verifier
+    home = "$(mktemp -d /tmp/verifier-home.XXXXXX)" if fresh_home else "$HOME"
     prepared = await sandbox.exec(
-        f"rm -rf /tests {VERIFIER_DIR}/reward.txt {VERIFIER_DIR}/reward.json && "
-        f"mkdir -p {VERIFIER_DIR}", timeout=60)
+        f"if [ -L /logs ]; then rm -f /logs; fi; rm -rf /tests {VERIFIER_DIR} && "
+        f"mkdir -p {VERIFIER_DIR} && echo {home}",
+        timeout=60, cwd="/", user=0)
     if not prepared.ok:
         return Reward.failed(f"could not prepare verification: {prepared.stderr.strip()[-200:]}")
     await sandbox.upload(task.tests_dir, "/tests")
+    env = {**verifier.env, "HOME": prepared.stdout.strip()}
     run = await sandbox.exec(
         f"bash /tests/test.sh > {VERIFIER_DIR}/test-stdout.txt 2>&1",
-        timeout=verifier.timeout_sec, env=dict(verifier.env), user=verifier.user)
+        timeout=verifier.timeout_sec, cwd="/tests", env=env, user=verifier.user)
+    await sandbox.kill_processes()  # nothing test.sh started may write the reward after it
     elapsed = lambda: time.monotonic() - started  # noqa: E731
     if run.timed_out:
         return Reward.failed(f"verifier timed out after {verifier.timeout_sec:g}s", elapsed())
-    with tempfile.TemporaryDirectory() as scratch:
-        reward_json = await _read(sandbox, f"{VERIFIER_DIR}/reward.json", Path(scratch))
-        reward_txt = None if reward_json is not None else await _read(
-            sandbox, f"{VERIFIER_DIR}/reward.txt", Path(scratch))
+    reward_json = await sandbox.read_file(f"{VERIFIER_DIR}/reward.json", REWARD_FILE_LIMIT)
+    reward_txt = None if reward_json is not None else await sandbox.read_file(
+        f"{VERIFIER_DIR}/reward.txt", REWARD_FILE_LIMIT)
     try:
         if reward_json is not None:
-            value, components = parse_reward_json(reward_json)
+            value, components = parse_reward_json(reward_json.decode(errors="replace"))
         elif reward_txt is not None:
-            value = parse_reward_txt(reward_txt)
+            value = parse_reward_txt(reward_txt.decode(errors="replace"))
             components = {"reward": value}
         else:
             return Reward.failed(f"no reward file (test.sh exited {run.exit_code})", elapsed())
-    except (ValueError, json.JSONDecodeError) as exc:
+    except ValueError as exc:  # json.JSONDecodeError is a ValueError
         name = "reward.json" if reward_json is not None else "reward.txt"
         return Reward.failed(f"unreadable {name}: {exc}", elapsed())
     return Reward(value=value, components=components, verify_time_s=elapsed())

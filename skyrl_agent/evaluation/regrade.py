@@ -1,4 +1,5 @@
-"""Re-grading: run a task's tests again, in a fresh sandbox, on a stored final state."""
+"""Re-grading: a stored final state (the artifact bundle) through the same separate-mode
+verification an episode uses: a fresh sandbox, the bundle restored, the tests run."""
 
 from __future__ import annotations
 
@@ -8,14 +9,9 @@ from pathlib import Path
 
 from skyrl_agent.collector import final_state
 from skyrl_agent.config import SandboxConfig
-from skyrl_agent.envs.env import Env
+from skyrl_agent.envs.episode import FreshSandboxes, grade
 from skyrl_agent.errors import UserError
-from skyrl_agent.sandboxes.base import (
-    SandboxError,
-    SandboxSpec,
-    UnsupportedEnvironment,
-    create_sandbox,
-)
+from skyrl_agent.sandboxes.base import SandboxError, UnsupportedEnvironment
 from skyrl_agent.tasks import find_task
 from skyrl_agent.types import Trajectory
 
@@ -41,10 +37,7 @@ async def _one(trajectory: Trajectory, run_dir: Path, config: SandboxConfig) -> 
     except UserError as exc:
         return Regrade(trajectory.task_id, trajectory.sample_index, stored, None, str(exc))
     try:
-        async with create_sandbox(SandboxSpec.from_task(task, config), config) as sandbox:
-            env = Env(task, sandbox)
-            await final_state.restore(env, archive)
-            reward = await env.verify()
+        reward = await grade(task, archive.read_bytes(), FreshSandboxes(config))
     except (SandboxError, UnsupportedEnvironment) as exc:
         return Regrade(trajectory.task_id, trajectory.sample_index, stored, None,
                        f"sandbox: {exc}")

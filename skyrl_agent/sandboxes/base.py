@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -22,15 +23,26 @@ from typing import Self
 from skyrl_agent import plugins
 from skyrl_agent.config import SandboxConfig
 from skyrl_agent.errors import UserError
+from skyrl_agent.sandboxes.archive import pack
+from skyrl_agent.sandboxes.artifacts import BundleWriter
 from skyrl_agent.sandboxes.dockerfile import final_workdir, parse_dockerfile
 from skyrl_agent.tasks.model import TaskSpec
 
 DEFAULT_MEMORY_MB = 2048
+DEFAULT_STORAGE_MB = 10240
+FILE_READ_LIMIT = 64 * 1024 * 1024
 DEADLINE_MARGIN_S = 60.0
 
 
 class SandboxError(Exception):
-    """The sandbox failed (did not start, died, passed its deadline): an infrastructure error."""
+    """The sandbox failed in a way the host can pin on infrastructure (it did not start, the
+    engine failed, it passed its deadline): retried, then masked."""
+
+
+class SandboxDied(SandboxError):
+    """The sandbox's processes ended while it was in use. Whatever ran inside can cause that (an
+    agent can kill its own exec server or container), so it is the agent's failure when it
+    happens under the agent, never a reason to retry."""
 
 
 class UnsupportedEnvironment(UserError):
@@ -76,6 +88,8 @@ class SandboxSpec:
     memory_mb: int = DEFAULT_MEMORY_MB
     cpus: float = 1.0
     pids_limit: int = 512
+    storage_mb: int = DEFAULT_STORAGE_MB
+    """Disk the sandbox may fill (task.toml `storage_mb`)."""
     deadline_s: float = 3600.0
     """Lifetime: at this many seconds after start everything in the sandbox is killed."""
     max_output_bytes: int = 1_000_000
@@ -94,7 +108,8 @@ class SandboxSpec:
         """Content hash of what defines the sandbox's starting state (for image caches, pools)."""
         digest = hashlib.sha256()
         digest.update(repr((self.docker_image, self.workdir, sorted(self.env.items()),
-                            self.network, self.memory_mb, self.cpus, self.pids_limit)).encode())
+                            self.network, self.memory_mb, self.cpus, self.pids_limit,
+                            self.storage_mb)).encode())
         if self.environment_dir is not None:
             for path in sorted(self.environment_dir.rglob("*")):
                 if path.is_file():
@@ -120,6 +135,7 @@ class SandboxSpec:
             memory_mb=config.memory_mb or env_cfg.memory_mb or DEFAULT_MEMORY_MB,
             cpus=float(config.cpus or env_cfg.cpus or 1),
             pids_limit=config.pids_limit,
+            storage_mb=config.storage_mb or env_cfg.storage_mb or DEFAULT_STORAGE_MB,
             deadline_s=deadline,
             max_output_bytes=config.max_output_bytes,
         )
@@ -144,12 +160,29 @@ class Sandbox(ABC):
         """Run `command` with bash; kill its whole process group at `timeout` seconds."""
 
     @abstractmethod
+    async def extract(self, archive: bytes, remote_dir: str) -> None:
+        """Unpack a tar (made on the host) into the sandbox folder `remote_dir`, with the
+        sandbox's own tar, so links in it resolve inside the sandbox."""
+
     async def upload(self, local: Path, remote: str) -> None:
         """Copy a host file or folder to the absolute sandbox path `remote`."""
+        parent = os.path.dirname(remote.rstrip("/")) or "/"
+        await self.extract(await asyncio.to_thread(pack, local, remote), parent)
 
     @abstractmethod
-    async def download(self, remote: str, local: Path) -> None:
-        """Copy a sandbox file or folder to the host path `local`."""
+    async def read_file(self, remote: str, limit: int = FILE_READ_LIMIT) -> bytes | None:
+        """The bytes of a regular file in the sandbox, None when it is missing or anything else
+        (a link is not followed); ArtifactLimitExceeded past `limit`."""
+
+    @abstractmethod
+    async def collect(self, remote: str, writer: BundleWriter) -> bool:
+        """Add the sandbox path `remote` (file or folder, links kept as links) to a bundle;
+        False when it does not exist. Raises ArtifactLimitExceeded past the writer's limits."""
+
+    @abstractmethod
+    async def kill_processes(self) -> None:
+        """Kill every process that commands started (the agent's, before verification); the
+        sandbox's files stay and it still runs new commands."""
 
     @abstractmethod
     async def stop(self) -> None:

@@ -5,13 +5,19 @@ images the engine does not have are mapped to local tags (`sandbox.docker.base_i
 that say `FROM ubuntu:24.04` build on machines that cannot pull. Containers get no network unless
 the task allows it, memory/cpu/pids limits, and a main process that exits at the deadline; with
 auto-remove, a container disappears at its deadline even if this process died.
+
+The main process is a small bash loop (PID 1, ignoring every signal it can) that reaps orphans,
+so `kill_processes` can SIGKILL everything else and the container lives on for verification.
+Disk: the engine here cannot cap a container's writable layer (overlay2 on ext4), so a file-size
+rlimit bounds each file and a watchdog polls the layer's size and kills the container past
+`storage_mb`. Command output is streamed and cut on the host (head and tail), and files come out
+only through the engine's archive, read member by member by artifacts.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import re
 import shlex
 import shutil
@@ -21,12 +27,37 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
-from skyrl_agent.sandboxes.archive import pack, unpack
-from skyrl_agent.sandboxes.base import ExecResult, Sandbox, SandboxError, UnsupportedEnvironment
+from skyrl_agent.sandboxes.artifacts import (
+    BundleWriter,
+    collect_tar_stream,
+    read_tar_file,
+)
+from skyrl_agent.sandboxes.base import (
+    FILE_READ_LIMIT,
+    ExecResult,
+    Sandbox,
+    SandboxDied,
+    SandboxError,
+    UnsupportedEnvironment,
+)
 
 IMAGE_REPO = "skyrl-agent-task"
 LABEL = "skyrl-agent.sandbox"
 _build_locks: dict[str, asyncio.Lock] = {}
+STORAGE_POLL_S = 1.0
+# PID 1: ignores what it can, reaps orphans (bash waits on any child), ends at the deadline.
+KEEPER = ('trap "" HUP INT QUIT TERM USR1 USR2 PIPE; end=$((SECONDS + {seconds})); '
+          'while [ "$SECONDS" -lt "$end" ]; do sleep 1; done')
+# Run as root in the container: SIGKILL all but PID 1 and ourselves until nothing else is left but
+# the keeper's own `sleep` (one kill -1 round is atomic against fork, so no agent process can be
+# that sleep; the stat line is read after its last ") " since a process names its own comm).
+KILL_ALL = ('for _ in $(seq 200); do kill -9 -1 2>/dev/null; left=0; '
+            'for p in /proc/[0-9]*; do p=${p#/proc/}; '
+            '[ "$p" = 1 ] || [ "$p" = $$ ] && continue; '
+            'stat=$(< /proc/$p/stat) 2>/dev/null || continue; rest=${stat##*) }; '
+            'set -- $rest; [ "$2" = 1 ] && [ "${stat#* (sleep) }" != "$stat" ] && continue; '
+            'left=$((left + 1)); done; '
+            '[ "$left" = 0 ] && exit 0; sleep 0.01; done; echo "$left left"; exit 1')
 
 
 def docker_client():
@@ -42,12 +73,26 @@ def docker_client():
     return client
 
 
-def _cut(data: bytes | None, limit: int) -> str:
-    data = data or b""
-    if len(data) > limit:
-        half = limit // 2
-        data = data[:half] + f"\n[... {len(data) - 2 * half} bytes cut ...]\n".encode() + data[-half:]
-    return data.decode(errors="replace")
+class HeadTail:
+    """Keeps the first and last `limit // 2` bytes of a stream, so a flood cannot fill memory."""
+
+    def __init__(self, limit: int) -> None:
+        self.half = max(1, limit // 2)
+        self.head, self.tail, self.dropped = bytearray(), bytearray(), 0
+
+    def add(self, chunk: bytes) -> None:
+        room = self.half - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+            chunk = chunk[room:]
+        self.tail += chunk
+        if len(self.tail) > self.half:
+            self.dropped += len(self.tail) - self.half
+            del self.tail[: len(self.tail) - self.half]
+
+    def text(self) -> str:
+        marker = f"\n[... {self.dropped} bytes cut ...]\n".encode() if self.dropped else b""
+        return (bytes(self.head) + marker + bytes(self.tail)).decode(errors="replace")
 
 
 class DockerSandbox(Sandbox):
@@ -58,6 +103,8 @@ class DockerSandbox(Sandbox):
         self.name = f"skyrl-{re.sub(r'[^a-zA-Z0-9_.-]', '-', spec.name)[:40]}-{uuid.uuid4().hex[:8]}"
         self._client = None
         self.container = None
+        self._watchdog: asyncio.Task | None = None
+        self._dead_reason: str | None = None
 
     async def start(self) -> None:
         self._client = await asyncio.to_thread(docker_client)
@@ -71,12 +118,16 @@ class DockerSandbox(Sandbox):
             with contextlib.suppress(Exception):
                 self.container = await creating
             raise
+        self._watchdog = asyncio.create_task(self._watch_storage())
 
     def _run_container(self, image: str):
         spec = self.spec
+        import docker
+        storage = spec.storage_mb * 1024 * 1024
         return self._client.containers.run(
-            image, command=["sleep", str(int(spec.deadline_s) + 1)], name=self.name,
-            detach=True, auto_remove=True, init=True, working_dir=spec.workdir,
+            image, command=["bash", "-c", KEEPER.format(seconds=int(spec.deadline_s) + 1)],
+            name=self.name, detach=True, auto_remove=True, init=False, working_dir=spec.workdir,
+            ulimits=[docker.types.Ulimit(name="fsize", soft=storage, hard=storage)],
             environment=dict(spec.env), network_mode=None if spec.network else "none",
             mem_limit=f"{spec.memory_mb}m", memswap_limit=f"{spec.memory_mb}m",
             nano_cpus=int(spec.cpus * 1e9), pids_limit=spec.pids_limit,
@@ -134,7 +185,32 @@ class DockerSandbox(Sandbox):
                 raise SandboxError(
                     f"image build for {self.spec.name} failed: {exc.msg}\n{log}") from None
 
+    async def _watch_storage(self) -> None:
+        """Kill the container once its writable layer passes storage_mb."""
+        limit = self.spec.storage_mb * 1024 * 1024
+        while self.container is not None:
+            await asyncio.sleep(STORAGE_POLL_S)
+            try:
+                found = await asyncio.to_thread(
+                    self._client.api.containers, all=True, size=True,
+                    filters={"id": self.container.id})
+            except Exception:  # noqa: BLE001 - engine busy or gone: exec reports it
+                continue
+            if not found:
+                return
+            if (found[0].get("SizeRw") or 0) > limit:
+                self._dead_reason = f"it wrote over its {self.spec.storage_mb} MB of disk"
+                await asyncio.to_thread(self._kill_container)
+                return
+
+    def _kill_container(self) -> None:
+        with contextlib.suppress(Exception):
+            self.container.kill()
+
     # ---- commands and files -------------------------------------------------------------------
+    def _died(self, why: str) -> SandboxDied:
+        return SandboxDied(f"sandbox {self.spec.name} died: {self._dead_reason or why}")
+
     async def exec(self, command: str, timeout: float | None = None, cwd: str | None = None,
                    env: Mapping[str, str] | None = None, user: str | int | None = None,
                    ) -> ExecResult:
@@ -145,44 +221,87 @@ class DockerSandbox(Sandbox):
         wrapped = ["timeout", "-s", "KILL", f"{limit:.3f}", "bash", "-c", command]
         started = time.monotonic()
         try:
-            code, (out, err) = await asyncio.wait_for(asyncio.to_thread(
+            code, out, err = await asyncio.wait_for(asyncio.to_thread(
                 self._exec_blocking, wrapped, cwd, env, user), timeout=limit + 30)
         except TimeoutError:
             raise SandboxError(f"sandbox {self.spec.name} stopped answering") from None
         duration = time.monotonic() - started
         timed_out = code == 137 and duration >= limit - 0.05
-        max_out = self.spec.max_output_bytes
-        return ExecResult(-1 if timed_out else code, _cut(out, max_out), _cut(err, max_out),
-                          timed_out, duration)
+        return ExecResult(-1 if timed_out else code, out, err, timed_out, duration)
 
-    def _exec_blocking(self, argv, cwd, env, user):
+    def _exec_blocking(self, argv, cwd, env, user) -> tuple[int, str, str]:
+        """Run argv in the container, streaming its output into head-and-tail buffers."""
         import docker
+        api = self._client.api
+        outputs = [HeadTail(self.spec.max_output_bytes), HeadTail(self.spec.max_output_bytes)]
         try:
-            result = self.container.exec_run(
-                argv, workdir=cwd or self.spec.workdir, environment=dict(env or {}),
-                user="" if user is None else str(user), demux=True)
-        except docker.errors.APIError as exc:
-            raise SandboxError(f"sandbox {self.spec.name} died: {exc.explanation}") from None
-        return result.exit_code, result.output
-
-    async def upload(self, local: Path, remote: str) -> None:
-        parent = os.path.dirname(remote.rstrip("/")) or "/"
-        made = await self.exec(f"mkdir -p {shlex.quote(parent)}", timeout=60)
-        if not made.ok:
-            raise SandboxError(f"upload to {remote} failed: {made.stderr.strip()}")
-        await asyncio.to_thread(self.container.put_archive, parent, pack(local, remote))
-
-    async def download(self, remote: str, local: Path) -> None:
-        import docker
-        try:
-            stream, _ = await asyncio.to_thread(self.container.get_archive, remote)
-            data = await asyncio.to_thread(lambda: b"".join(stream))
+            exec_id = api.exec_create(self.container.id, argv, workdir=cwd or self.spec.workdir,
+                                      environment=dict(env or {}),
+                                      user="" if user is None else str(user))["Id"]
+            for out, err in api.exec_start(exec_id, stream=True, demux=True):
+                if out:
+                    outputs[0].add(out)
+                if err:
+                    outputs[1].add(err)
+            code = api.exec_inspect(exec_id)["ExitCode"]
         except docker.errors.NotFound:
-            raise FileNotFoundError(f"{remote} in sandbox {self.spec.name}") from None
-        # The engine names the archive's top entry after the path's base name.
-        unpack(data, os.path.basename(remote.rstrip("/")), local)
+            raise self._died("its container is gone") from None
+        except docker.errors.APIError as exc:
+            if exc.status_code == 409:  # "container ... is not running"
+                raise self._died(str(exc.explanation)) from None
+            raise SandboxError(f"engine error in {self.spec.name}: {exc.explanation}") from None
+        if code is None:
+            raise self._died("its command never finished")
+        return code, outputs[0].text(), outputs[1].text()
+
+    async def extract(self, archive: bytes, remote_dir: str) -> None:
+        made = await self.exec(f"mkdir -p {shlex.quote(remote_dir)}", timeout=60, cwd="/",
+                               user=0)
+        if not made.ok:
+            raise SandboxError(f"unpacking into {remote_dir} failed: "
+                               f"{(made.stderr or made.stdout).strip()[-300:]}")
+        await asyncio.to_thread(self.container.put_archive, remote_dir, archive)
+
+    def _archive_chunks(self, remote: str):
+        import docker
+        if self.container is None:
+            raise SandboxError(f"sandbox {self.spec.name} is not running")
+        try:
+            stream, _ = self.container.get_archive(remote, chunk_size=1 << 20)
+        except docker.errors.NotFound:
+            return None
+        return stream
+
+    def _read_blocking(self, remote: str, limit: int) -> bytes | None:
+        stream = self._archive_chunks(remote)
+        return None if stream is None else read_tar_file(stream, remote, limit)
+
+    def _collect_blocking(self, remote: str, writer: BundleWriter) -> bool:
+        stream = self._archive_chunks(remote)
+        if stream is None:
+            return False
+        collect_tar_stream(stream, remote, writer)
+        return True
+
+    async def read_file(self, remote: str, limit: int = FILE_READ_LIMIT) -> bytes | None:
+        return await asyncio.to_thread(self._read_blocking, remote, limit)
+
+    async def collect(self, remote: str, writer: BundleWriter) -> bool:
+        return await asyncio.to_thread(self._collect_blocking, remote, writer)
+
+    async def kill_processes(self) -> None:
+        if self.container is None:
+            raise SandboxError(f"sandbox {self.spec.name} is not running")
+        # Not under `timeout` as exec() runs commands: kill -1 would end that wrapper too.
+        code, out, _ = await asyncio.wait_for(asyncio.to_thread(
+            self._exec_blocking, ["bash", "-c", KILL_ALL], "/", None, 0), timeout=60)
+        if code != 0:
+            raise SandboxDied(f"sandbox {self.spec.name}: processes could not be killed "
+                              f"({out.strip()})")
 
     async def stop(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
         if self.container is None:
             return
         container, self.container = self.container, None

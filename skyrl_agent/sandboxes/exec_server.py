@@ -3,17 +3,28 @@
 Runs with the system python3 of the sandbox (stdlib only, any Python >= 3.8): it must not import
 skyrl_agent. Every command of a sandbox runs through this one process, so all share one PID
 namespace (background processes such as a tmux server survive between commands, as in a
-container). It exits at its deadline (SIGALRM) or when stdin closes; bubblewrap then tears the
-namespace down and every process in it dies.
+container). It exits at its deadline or when stdin closes; bubblewrap then tears the namespace down and
+every process in it dies.
+
+Agent commands run as the same user, so the server defends its channel to the host:
+- it is PID 1 of the sandbox's PID namespace (bubblewrap --as-pid-1), and the kernel drops any
+  signal sent to a namespace's init from inside unless init handles it; it handles none;
+- it is not dumpable, so without CAP_SYS_PTRACE (dropped) no process can ptrace it, read its
+  memory or take its pipes (pidfd_getfd, /proc/1/fd);
+- as PID 1 it reaps every orphan, so exit statuses come from its own reaper thread.
+A `killall` request kills every other process in the namespace (the agent's, before
+verification) and answers once none is left.
 
 Host -> server: a 4-byte big-endian length, then a `marshal`-encoded dict
-  {"id", "cmd", "cwd", "env", "timeout", "stdin", "max_output"}  (marshal is built in: fast start).
+  {"id", "cmd", "cwd", "env", "timeout", "stdin", "max_output"} or {"id", "op": "killall"}
+  (marshal is built in: fast start).
 Server -> host: first the line `ready <pid>`, then per reply the line
   `<id> <exit_code> <timed_out 0|1> <duration_s> <stdout bytes> <stderr bytes>` followed by the
   raw stdout and stderr. Plain text and lengths only: anything in the sandbox could write to this
   pipe, so the host must never unmarshal what comes back.
 """
 
+import ctypes
 import marshal
 import os
 import signal
@@ -23,6 +34,56 @@ import threading
 import time
 
 _write_lock = threading.Lock()
+PR_SET_DUMPABLE = 4
+
+
+class Reaper(threading.Thread):
+    """Reaps every child (as PID 1 the orphans are ours too) and keeps the statuses of the
+    commands we started, since Popen.wait would race with reaping orphans."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.cond = threading.Condition()
+        self.statuses = {}
+        self.watched = set()
+
+    def watch(self, pid):
+        with self.cond:
+            self.watched.add(pid)
+            self.cond.notify_all()
+
+    def run(self):
+        while True:
+            try:
+                pid, status = os.waitpid(-1, 0)
+            except ChildProcessError:
+                with self.cond:
+                    self.cond.wait(0.5)
+                continue
+            with self.cond:
+                self.statuses[pid] = os.waitstatus_to_exitcode(status)
+                self.cond.notify_all()
+
+    def wait(self, pid, timeout):
+        """The exit code of `pid`, or None at the timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self.cond:
+            while pid not in self.statuses:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return None
+                self.cond.wait(left)
+            self.watched.discard(pid)
+            code = self.statuses.pop(pid)
+        return 128 - code if code < 0 else code  # killed by a signal: as bash reports it
+
+    def forget_orphans(self):
+        with self.cond:
+            for pid in [p for p in self.statuses if p not in self.watched]:
+                del self.statuses[pid]
+
+
+REAPER = Reaper()
 
 
 def reply(request_id, exit_code, timed_out, duration_s, stdout=b"", stderr=b""):
@@ -73,10 +134,7 @@ def run(request, base_env):
     limit = int(request.get("max_output") or 1000000)
     stdin_data = request.get("stdin")
     try:
-        proc = subprocess.Popen(
-            ["/bin/bash", "-c", request["cmd"]], cwd=request.get("cwd") or None, env=env,
-            stdin=subprocess.PIPE if stdin_data is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        proc = spawn(request, env, stdin_data)
     except OSError as exc:
         reply(request["id"], 127, False, time.monotonic() - started, stderr=str(exc).encode())
         return
@@ -87,12 +145,8 @@ def run(request, base_env):
         threading.Thread(target=_feed, args=(proc.stdin, stdin_data), daemon=True).start()
     timeout = request.get("timeout")
     deadline = None if timeout is None else started + timeout
-    timed_out = False
-    try:
-        exit_code = proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        exit_code = -1
+    exit_code = REAPER.wait(proc.pid, timeout)
+    timed_out = exit_code is None
     # Background children may hold the pipes open after the shell exits: wait for them only
     # until the timeout, then kill the whole group (a fork bomb ends here too).
     for reader in readers:
@@ -101,11 +155,47 @@ def run(request, base_env):
         timed_out = True
     if timed_out:
         _kill_group(proc.pid)
-        proc.wait()
+        REAPER.wait(proc.pid, None)
         for reader in readers:
             reader.join(2)  # a process that left the group may still hold a pipe
+    REAPER.forget_orphans()
     reply(request["id"], -1 if timed_out else exit_code, timed_out, time.monotonic() - started,
           readers[0].value(), readers[1].value())
+
+
+def spawn(request, env, stdin_data):
+    """Start a command in its own session; the reaper is told before it can exit unseen."""
+    with REAPER.cond:  # hold the reaper off until the pid is watched
+        proc = subprocess.Popen(
+            ["/bin/bash", "-c", request["cmd"]], cwd=request.get("cwd") or None, env=env,
+            stdin=subprocess.PIPE if stdin_data is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        REAPER.statuses.pop(proc.pid, None)  # a reused pid's stale status (not this process's:
+        REAPER.watched.add(proc.pid)         # the reaper cannot record while we hold the lock)
+        REAPER.cond.notify_all()
+    return proc
+
+
+def others():
+    """Pids in this namespace other than ours."""
+    return [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]
+
+
+def kill_all(request):
+    """SIGKILL every other process of the namespace until none is left."""
+    started = time.monotonic()
+    left = others()
+    for _ in range(400):
+        if not left:
+            break
+        try:
+            os.kill(-1, signal.SIGKILL)  # from PID 1: every process of the namespace but us
+        except ProcessLookupError:
+            pass
+        time.sleep(0.005)
+        left = others()
+    reply(request["id"], 0 if not left else 1, False, time.monotonic() - started,
+          b"%d left\n" % len(left))
 
 
 def _feed(pipe, data):
@@ -126,9 +216,21 @@ def _kill_group(pgid):
         time.sleep(0.005)
 
 
+def harden():
+    """No ptrace, no fd theft (not dumpable), no signal handlers an agent could trigger."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(number, signal.SIG_DFL)  # SIG_DFL on PID 1: dropped by the kernel
+
+
 def main():
     deadline_s = float(sys.argv[1])
-    signal.alarm(max(1, int(deadline_s + 0.999)))  # default SIGALRM action ends this process
+    harden()
+    REAPER.start()
+    # A timer thread, not SIGALRM: a handled signal is one an agent could send us.
+    timer = threading.Timer(deadline_s, os._exit, args=(124,))
+    timer.daemon = True
+    timer.start()
     base_env = dict(os.environ)
     sys.stdout.buffer.write(b"ready %d\n" % os.getpid())
     sys.stdout.buffer.flush()
@@ -136,8 +238,10 @@ def main():
         request = read_request(sys.stdin.buffer)
         if request is None:
             return
+        target, args = (kill_all, (request,)) if request.get("op") == "killall" else (
+            run, (request, base_env))
         try:
-            threading.Thread(target=run, args=(request, base_env), daemon=True).start()
+            threading.Thread(target=target, args=args, daemon=True).start()
         except RuntimeError as exc:  # no thread: the sandbox is out of processes
             reply(request["id"], 126, False, 0.0, stderr=str(exc).encode())
 

@@ -5,27 +5,49 @@ live there); the host's /usr and a short list of /etc files are mounted read-onl
 else of the host is visible. Every namespace is unshared (no network unless the task allows it),
 all capabilities are dropped, the host environment is cleared, and sandbox root is an unprivileged
 host user (nobody, or the caller when not root). One long-lived process (exec_server.py) runs
-commands, so all commands share one PID namespace; killing it, at stop() or at the deadline,
-kills every process the sandbox started.
+commands, so all commands share one PID namespace; it is that namespace's PID 1 and not
+dumpable, so agent commands cannot signal, trace or rob it (see exec_server.py). Killing it, at
+stop() or at the deadline, kills every process the sandbox started.
+
+Disk: as root, the sandbox's root folder is a fresh ext4 file system on a sparse loop file of
+`storage_mb`, so a full disk stops the agent, not the host. Without root (or loop devices),
+rlimits stand in: file size, address space, process count and CPU time.
+
+Files leave the sandbox only through artifacts.py: the host reads the root folder itself, one
+directory fd at a time, never following a link.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
+import logging
 import marshal
 import os
+import secrets
 import shlex
 import shutil
+import subprocess
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
-from skyrl_agent.sandboxes.archive import pack, unpack
-from skyrl_agent.sandboxes.base import ExecResult, Sandbox, SandboxError, UnsupportedEnvironment
+from skyrl_agent.sandboxes.artifacts import (
+    ArtifactLimitExceeded,
+    BundleWriter,
+    collect_tree,
+    read_tree_file,
+)
+from skyrl_agent.sandboxes.base import (
+    FILE_READ_LIMIT,
+    ExecResult,
+    Sandbox,
+    SandboxDied,
+    SandboxError,
+    UnsupportedEnvironment,
+)
 from skyrl_agent.sandboxes.cgroups import Cgroup, cgroups_available
 from skyrl_agent.sandboxes.local_plan import LocalPlan, plan_local
 
@@ -42,6 +64,7 @@ BASE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bi
             "HOME": "/root", "TERM": "xterm-256color", "LANG": "C.UTF-8", "USER": "root"}
 TRANSFER_LIMIT = 512 * 1024 * 1024
 REPLY_LIMIT = TRANSFER_LIMIT + 1024  # head + tail + cut marker of a capped stream
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -73,6 +96,40 @@ def _remove_tree(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def _can_mount() -> bool:
+    """Whether sandbox disks can be loop-mounted ext4 file systems here (root, tools, loop)."""
+    return (os.geteuid() == 0 and shutil.which("mkfs.ext4") is not None
+            and shutil.which("mount") is not None and os.path.exists("/dev/loop-control"))
+
+
+def _unmount(path: Path) -> None:
+    for _ in range(50):
+        if subprocess.run(["umount", str(path)], capture_output=True).returncode == 0:
+            return
+        time.sleep(0.05)  # busy while the last killed process is torn down
+    subprocess.run(["umount", "-l", str(path)], capture_output=True)
+    log.warning("sandbox disk %s was busy; detached it lazily", path)
+
+
+def _host_system_file(remote: str) -> Path | None:
+    """The host file behind a path on the sandbox's read-only /usr bind, else None."""
+    parts = [p for p in remote.split("/") if p not in ("", ".")]
+    if len(parts) < 2 or parts[0] != "usr" or ".." in parts:
+        return None
+    path = Path("/", *parts).resolve()
+    return path if path.is_relative_to("/usr") else None
+
+
+def _read_host_file(path: Path, limit: int) -> bytes | None:
+    if not path.is_file():
+        return None
+    with open(path, "rb") as handle:
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise ArtifactLimitExceeded(f"{path} holds more than {limit} bytes")
+    return data
+
+
 def _require_traversable(path: Path) -> None:
     for folder in [path, *path.parents]:
         if not folder.stat().st_mode & 0o001:
@@ -92,10 +149,10 @@ class LocalSandbox(Sandbox):
         self._proc: asyncio.subprocess.Process | None = None
         self._reader: asyncio.Task | None = None
         self._pending: dict[int, asyncio.Future] = {}
-        self._ids = itertools.count(1)
         self._plan: LocalPlan | None = None
         self._deadline_timer: asyncio.TimerHandle | None = None
         self._dead_reason: str | None = None
+        self._mounted = False
         self.server_pid: int | None = None
 
     @property
@@ -120,6 +177,7 @@ class LocalSandbox(Sandbox):
         self._dir.chmod(0o711)  # the unprivileged sandbox user must reach root/ to mount it
         if os.geteuid() == 0:
             _require_traversable(base)
+        await asyncio.to_thread(self._mount_disk)
         await asyncio.to_thread(self._prepare_root, self._plan)
         if cgroups_available():
             self._cgroup = Cgroup.create(self.id, self.spec.memory_mb, self.spec.pids_limit,
@@ -138,6 +196,26 @@ class LocalSandbox(Sandbox):
             if not result.ok:
                 raise SandboxError(f"Dockerfile RUN step failed in {self.spec.name} "
                                    f"(exit {result.exit_code}): {result.stderr[-500:]}")
+
+    def _mount_disk(self) -> None:
+        """Make root/ a fresh ext4 of storage_mb on a sparse loop file (as root, where loop
+        devices work); otherwise a plain folder bounded by RLIMIT_FSIZE."""
+        assert self._dir is not None
+        self.root.mkdir()
+        if not _can_mount():
+            return
+        image = self._dir / "disk.img"
+        with open(image, "wb") as handle:
+            handle.truncate(self.spec.storage_mb * 1024 * 1024)
+        steps = [["mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal", str(image)],
+                 ["mount", "-o", "loop,nosuid,nodev", str(image), str(self.root)]]
+        for step in steps:
+            done = subprocess.run(step, capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                raise SandboxError(f"cannot make the disk of {self.spec.name} "
+                                   f"({step[0]}): {done.stderr.strip()[-300:]}")
+        self._mounted = True
+        (self.root / "lost+found").rmdir()
 
     def _prepare_root(self, plan: LocalPlan) -> None:
         root = self.root
@@ -165,6 +243,7 @@ class LocalSandbox(Sandbox):
 
     def _bwrap_args(self, plan: LocalPlan) -> list[str]:
         args = ["bwrap", "--die-with-parent", "--new-session", "--unshare-all", "--unshare-user",
+                "--as-pid-1",
                 "--uid", "0", "--gid", "0", "--hostname", "sandbox", "--bind", str(self.root), "/",
                 "--ro-bind", "/usr", "/usr", "--proc", "/proc", "--dev", "/dev"]
         if self.spec.network:
@@ -191,13 +270,24 @@ class LocalSandbox(Sandbox):
         if os.geteuid() == 0:
             command = ["setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}",
                        "--clear-groups", *command]
+        limits = self._rlimits()
+        if limits:
+            command = ["prlimit", *limits, "--", *command]
         if self._cgroup is not None:
             joins = " && ".join(f"echo $$ > {shlex.quote(str(f))}"
                                 for f in self._cgroup.procs_files)
-            return ["/bin/sh", "-c", f'{joins} && exec "$@"', "sh", *command]
-        # No writable cgroups: rlimits bound memory (address space) instead.
-        limit = self.spec.memory_mb * 1024 * 1024
-        return ["prlimit", f"--as={limit}", "--", *command]
+            command = ["/bin/sh", "-c", f'{joins} && exec "$@"', "sh", *command]
+        return command
+
+    def _rlimits(self) -> list[str]:
+        """prlimit options: disk per file where no loop disk is mounted; without cgroups also
+        address space, processes, and CPU seconds (the cpus share over the whole lifetime)."""
+        limits = [] if self._mounted else [f"--fsize={self.spec.storage_mb * 1024 * 1024}"]
+        if self._cgroup is None:
+            cpu_seconds = int(self.spec.cpus * self.spec.deadline_s) + 1
+            limits += [f"--as={self.spec.memory_mb * 1024 * 1024}",
+                       f"--nproc={self.spec.pids_limit}", f"--cpu={cpu_seconds}"]
+        return limits
 
     async def _wait_ready(self) -> int:
         """The exec server's pid, once it says it is ready."""
@@ -245,13 +335,23 @@ class LocalSandbox(Sandbox):
     async def _read_replies(self) -> None:
         while (reply := await self._read_reply()) is not None:
             future = self._pending.pop(reply.request_id, None)
-            if future is not None and not future.done():
+            if future is None:  # only replies to requests we sent are taken
+                self._kill(f"its exec server answered request {reply.request_id}, never sent")
+                break
+            if not future.done():
                 future.set_result(reply)
-        reason = self._dead_reason or "its process exited"
         for future in self._pending.values():
             if not future.done():
-                future.set_exception(SandboxError(f"sandbox {self.spec.name} died: {reason}"))
+                future.set_exception(self._dead_error())
         self._pending.clear()
+
+    def _dead_error(self) -> SandboxError:
+        """Why requests fail now: a host decision (stop, deadline) is a SandboxError; a server
+        that exited or misbehaved on its own is SandboxDied (what runs inside can cause it)."""
+        reason = self._dead_reason or "its exec server exited"
+        if self._dead_reason in ("stopped", "deadline"):
+            return SandboxError(f"sandbox {self.spec.name} is not running ({reason})")
+        return SandboxDied(f"sandbox {self.spec.name} died: {reason}")
 
     def _kill(self, reason: str) -> None:
         if self._dead_reason is None:
@@ -262,16 +362,21 @@ class LocalSandbox(Sandbox):
             self._cgroup.kill_all()
 
     async def _request(self, message: dict, wait_s: float) -> _Reply:
-        if self._proc is None or self._dead_reason is not None or self._proc.returncode is not None:
-            raise SandboxError(f"sandbox {self.spec.name} is not running "
-                               f"({self._dead_reason or 'not started'})")
-        request_id = next(self._ids)
+        if self._proc is None:
+            raise SandboxError(f"sandbox {self.spec.name} is not started")
+        if self._dead_reason is not None or self._proc.returncode is not None:
+            raise self._dead_error()
+        request_id = secrets.randbits(62)  # unguessable: a forged reply cannot match
         future = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
         assert self._proc.stdin is not None
         payload = marshal.dumps({"id": request_id, **message}, 4)
-        self._proc.stdin.write(len(payload).to_bytes(4, "big") + payload)
-        await self._proc.stdin.drain()
+        try:
+            self._proc.stdin.write(len(payload).to_bytes(4, "big") + payload)
+            await self._proc.stdin.drain()
+        except (BrokenPipeError, ConnectionResetError):
+            self._pending.pop(request_id, None)
+            raise self._dead_error() from None
         try:
             return await asyncio.wait_for(future, timeout=wait_s)
         except TimeoutError:
@@ -292,31 +397,36 @@ class LocalSandbox(Sandbox):
     async def _exec(self, command: str, timeout: float | None, cwd: str | None,
                     env: Mapping[str, str] | None, stdin: bytes | None,
                     max_output: int) -> _Reply:
-        """Run a command and return its raw reply (bytes: downloads need them undecoded)."""
+        """Run a command and return its raw reply."""
+        assert self._plan is not None
         limit = self._effective_timeout(timeout)
         message = {"cmd": command, "cwd": cwd or self._plan.workdir, "env": dict(env or {}),
                    "timeout": limit, "max_output": max_output, "stdin": stdin}
         return await self._request(message, wait_s=limit + 10)
 
-    async def upload(self, local: Path, remote: str) -> None:
-        # Files go in through tar inside the sandbox, so the host never follows a sandbox symlink.
-        parent = os.path.dirname(remote.rstrip("/")) or "/"
+    async def extract(self, archive: bytes, remote_dir: str) -> None:
+        directory = shlex.quote(remote_dir)
         result = await self._exec(
-            f"mkdir -p {shlex.quote(parent)} && tar -xf - -C {shlex.quote(parent)} --no-same-owner",
-            timeout=120, cwd="/", env=None, stdin=pack(local, remote), max_output=65536)
+            f"mkdir -p {directory} && tar -xf - -C {directory} --no-same-owner",
+            timeout=120, cwd="/", env=None, stdin=archive, max_output=65536)
         if result.exit_code != 0 or result.timed_out:
-            raise SandboxError(f"upload to {remote} failed: "
+            raise SandboxError(f"unpacking into {remote_dir} failed: "
                                f"{result.stderr.decode(errors='replace').strip()[-300:]}")
 
-    async def download(self, remote: str, local: Path) -> None:
-        parent, name = os.path.split(remote.rstrip("/"))
-        result = await self._exec(
-            f"tar -cf - -C {shlex.quote(parent or '/')} {shlex.quote(name)}",
-            timeout=120, cwd="/", env=None, stdin=None, max_output=TRANSFER_LIMIT)
-        if result.exit_code != 0 or result.timed_out or not result.stdout:
-            raise FileNotFoundError(f"{remote} in sandbox {self.spec.name}: "
-                                    f"{result.stderr.decode(errors='replace').strip()[-300:]}")
-        unpack(result.stdout, name, local)
+    async def read_file(self, remote: str, limit: int = FILE_READ_LIMIT) -> bytes | None:
+        host = _host_system_file(remote)
+        if host is not None:  # the host's read-only /usr is seen through a bind mount
+            return await asyncio.to_thread(_read_host_file, host, limit)
+        return await asyncio.to_thread(read_tree_file, self.root, remote, limit)
+
+    async def collect(self, remote: str, writer: BundleWriter) -> bool:
+        return await asyncio.to_thread(collect_tree, self.root, remote, writer)
+
+    async def kill_processes(self) -> None:
+        reply = await self._request({"op": "killall"}, wait_s=30)
+        if reply.exit_code != 0:  # still forking after 2 s of SIGKILL: end the sandbox itself
+            self._kill(f"its processes outlived killall ({reply.stdout.decode().strip()})")
+            raise SandboxDied(f"sandbox {self.spec.name}: processes could not be killed")
 
     async def stop(self) -> None:
         if self._deadline_timer is not None:
@@ -329,5 +439,8 @@ class LocalSandbox(Sandbox):
         if self._cgroup is not None:
             await asyncio.to_thread(self._cgroup.remove)
             self._cgroup = None
+        if self._mounted:
+            await asyncio.to_thread(_unmount, self.root)
+            self._mounted = False
         if self._dir is not None and self._dir.exists():
             await asyncio.to_thread(_remove_tree, self._dir)

@@ -6,16 +6,14 @@ The quickest proof that a task set, a sandbox backend and the verifier agree wit
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from skyrl_agent.agents.base import agent_class
-from skyrl_agent.agents.oracle import AgentFailed
-from skyrl_agent.config import SandboxConfig
+from skyrl_agent.agents.base import agent_class, run_agent
+from skyrl_agent.config import SandboxConfig, VerifierConfig
 from skyrl_agent.envs.env import Env
+from skyrl_agent.envs.episode import AgentOutcome, run_episode
 from skyrl_agent.errors import UserError
-from skyrl_agent.sandboxes.base import SandboxError, SandboxSpec, UnsupportedEnvironment
 from skyrl_agent.sandboxes.pool import SandboxPool
 from skyrl_agent.tasks.model import TaskSpec
 
@@ -37,43 +35,25 @@ class CheckResult:
         return asdict(self)
 
 
-async def _run_agent(agent_name: str, env: Env) -> str | None:
+async def check_task(task: TaskSpec, agent_name: str, pool: SandboxPool,
+                     verifier: VerifierConfig | None = None) -> CheckResult:
+    """One episode of a model-free agent; failures become a reason, not an exception."""
     agent = agent_class(agent_name)()
     if getattr(agent, "needs_model", True):
         raise UserError(f"agent {agent_name!r} needs a model; `tasks check` runs oracle or nop")
-    try:
-        await asyncio.wait_for(agent.run(env, None), timeout=env.task.agent_timeout_s)
-    except TimeoutError:
-        return f"agent timed out after {env.task.agent_timeout_s:g}s"
-    except (AgentFailed, SandboxError) as exc:
-        return f"agent failed: {exc}"
-    return None
 
+    async def act(env: Env) -> AgentOutcome:
+        return await run_agent(agent, env, None, task.agent_timeout_s)
 
-async def check_task(task: TaskSpec, agent_name: str, pool: SandboxPool) -> CheckResult:
-    """Start a sandbox, run the agent, verify, stop; failures become a reason, not an exception."""
-    spec = SandboxSpec.from_task(task, pool.config)
-    started = time.monotonic()
-    try:
-        sandbox = await pool.acquire(spec)
-    except (SandboxError, UnsupportedEnvironment) as exc:
-        return CheckResult(task.name, 0.0, reason=f"sandbox: {exc}")
-    sandbox_time = time.monotonic() - started
-    try:
-        env = Env(task, sandbox)
-        agent_started = time.monotonic()
-        agent_reason = await _run_agent(agent_name, env)
-        agent_time = time.monotonic() - agent_started
-        reward = await env.verify()
-    finally:
-        await sandbox.stop()
+    episode = await run_episode(task, act, pool, verifier or VerifierConfig())
+    reward = episode.reward
     return CheckResult(task.name, reward.value, dict(reward.components),
-                       reward.reason or agent_reason, sandbox_time, agent_time,
-                       reward.verify_time_s)
+                       reward.reason or episode.outcome.reason, episode.sandbox_time_s,
+                       episode.agent_time_s, reward.verify_time_s)
 
 
 async def check_tasks(tasks: list[TaskSpec], agent_name: str, config: SandboxConfig,
-                      jobs: int = 1,
+                      jobs: int = 1, verifier: VerifierConfig | None = None,
                       on_result: Callable[[CheckResult], None] | None = None,
                       ) -> list[CheckResult]:
     """Check tasks with at most `jobs` at once; results come back in the tasks' order."""
@@ -83,7 +63,7 @@ async def check_tasks(tasks: list[TaskSpec], agent_name: str, config: SandboxCon
 
     async def one(task: TaskSpec) -> CheckResult:
         async with limit:
-            result = await check_task(task, agent_name, pool)
+            result = await check_task(task, agent_name, pool, verifier)
         if on_result is not None:
             on_result(result)
         return result

@@ -1,0 +1,224 @@
+"""The one lifecycle every command runs a task through (rollout, `tasks check`, re-grading).
+
+    sandbox (pool or fresh) -> agent acts -> kill every process it left -> [[verifier.collect]]
+    -> collect artifacts as a host-written bundle (kept as the final state) -> verify:
+       separate: stop the agent's sandbox; run the tests in a fresh one with the bundle restored
+       shared:   run the tests in the agent's sandbox (its processes are dead; weaker)
+    -> stop
+
+Failures carry a FailureKind saying whose they are: the host's (a sandbox that will not start,
+an engine error) or the agent's (its sandbox died under it, its artifacts pass the limits).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from skyrl_agent.config import SandboxConfig, VerifierConfig
+from skyrl_agent.envs.env import Env
+from skyrl_agent.envs.verifier import (
+    SEPARATE,
+    artifact_paths,
+    collect_bundle,
+    limits_of,
+    restore_bundle,
+    run_collect_hooks,
+    run_tests,
+    verifier_mode,
+)
+from skyrl_agent.sandboxes.artifacts import ArtifactLimitExceeded
+from skyrl_agent.sandboxes.base import (
+    Sandbox,
+    SandboxDied,
+    SandboxError,
+    SandboxSpec,
+    UnsupportedEnvironment,
+    create_sandbox,
+)
+from skyrl_agent.tasks.model import TaskSpec
+from skyrl_agent.types import FailureKind, FinishReason, Reward
+
+
+@dataclass(frozen=True)
+class AgentOutcome:
+    """How the agent's phase ended."""
+
+    finish_reason: FinishReason
+    failure: FailureKind | None = None
+    """Set when the phase failed; decides masking and retry."""
+    reason: str | None = None
+    """Why it failed, in words."""
+    metrics: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EpisodeResult:
+    """What one episode produced."""
+
+    reward: Reward
+    outcome: AgentOutcome
+    sandbox_time_s: float = 0.0
+    agent_time_s: float = 0.0
+    mode: str = SEPARATE
+    """`separate` or `shared`: where the tests ran."""
+
+
+Act = Callable[[Env], Awaitable[AgentOutcome]]
+
+
+class SandboxSource(Protocol):
+    """Hands out started sandboxes (a SandboxPool, or FreshSandboxes)."""
+
+    config: SandboxConfig
+
+    async def acquire(self, spec: SandboxSpec) -> Sandbox: ...
+
+
+class FreshSandboxes:
+    """Starts a new sandbox per acquire, within a deadline."""
+
+    def __init__(self, config: SandboxConfig, start_timeout_s: float = 900.0) -> None:
+        self.config = config
+        self.start_timeout_s = start_timeout_s
+
+    async def acquire(self, spec: SandboxSpec) -> Sandbox:
+        sandbox = create_sandbox(spec, self.config)
+        try:
+            await asyncio.wait_for(sandbox.start(), self.start_timeout_s)
+        except TimeoutError:
+            await asyncio.shield(sandbox.stop())
+            raise SandboxError(f"start took over {self.start_timeout_s:g} s") from None
+        except BaseException:
+            await asyncio.shield(sandbox.stop())
+            raise
+        return sandbox
+
+
+def _failed(reason: str, failure: FailureKind,
+            finish: FinishReason = FinishReason.SANDBOX_ERROR) -> tuple[Reward, AgentOutcome]:
+    return Reward.failed(reason), AgentOutcome(finish, failure, reason)
+
+
+async def run_episode(task: TaskSpec, act: Act, sandboxes: SandboxSource,
+                      verifier: VerifierConfig, keep_state: Path | None = None) -> EpisodeResult:
+    """Run `act` on the task and verify what it left; failures become a reward with a reason."""
+    spec = SandboxSpec.from_task(task, sandboxes.config)
+    mode = verifier_mode(task, verifier)
+    paths = artifact_paths(task, spec.workdir)
+    if not paths:
+        mode = "shared"  # nothing to carry over: the tests must see the agent's sandbox
+    started = time.monotonic()
+    try:
+        sandbox = await sandboxes.acquire(spec)
+    except UnsupportedEnvironment as exc:
+        return EpisodeResult(*_failed(f"sandbox: {exc}", FailureKind.UNSUPPORTED), mode=mode)
+    except SandboxError as exc:
+        return EpisodeResult(*_failed(f"sandbox error: {exc}", FailureKind.INFRA), mode=mode)
+    sandbox_time = time.monotonic() - started
+    agent_started = time.monotonic()
+    try:
+        outcome = await _act(act, Env(task, sandbox))
+        agent_time = time.monotonic() - agent_started
+        if outcome.failure in (FailureKind.INFRA, FailureKind.UNSUPPORTED,
+                               FailureKind.SANDBOX_DIED):
+            return EpisodeResult(Reward.failed(outcome.reason or "failed"), outcome,
+                                 sandbox_time, agent_time, mode)
+        reward, outcome = await _verify(task, sandbox, sandboxes, verifier, outcome, mode,
+                                        paths, keep_state)
+    finally:
+        await asyncio.shield(sandbox.stop())
+    return EpisodeResult(reward, outcome, sandbox_time, agent_time, mode)
+
+
+async def _act(act: Act, env: Env) -> AgentOutcome:
+    try:
+        return await act(env)
+    except SandboxDied as exc:
+        return AgentOutcome(FinishReason.SANDBOX_ERROR, FailureKind.SANDBOX_DIED,
+                            f"the sandbox died under the agent: {exc}")
+    except UnsupportedEnvironment as exc:
+        return AgentOutcome(FinishReason.SANDBOX_ERROR, FailureKind.UNSUPPORTED,
+                            f"sandbox: {exc}")
+    except SandboxError as exc:
+        return AgentOutcome(FinishReason.SANDBOX_ERROR, FailureKind.INFRA,
+                            f"sandbox error: {exc}")
+
+
+async def _verify(task: TaskSpec, sandbox: Sandbox, sandboxes: SandboxSource,
+                  verifier: VerifierConfig, outcome: AgentOutcome, mode: str,
+                  paths, keep_state: Path | None) -> tuple[Reward, AgentOutcome]:
+    """Kill the agent's processes, collect, keep and grade its artifacts."""
+    try:
+        await sandbox.kill_processes()
+        await run_collect_hooks(sandbox, task)
+        await sandbox.kill_processes()
+        bundle = await collect_bundle(sandbox, paths, limits_of(verifier))
+    except SandboxDied as exc:
+        return _failed(f"the agent's sandbox died before verification: {exc}",
+                       FailureKind.SANDBOX_DIED)
+    except ArtifactLimitExceeded as exc:
+        return _failed(f"artifacts over the limit: {exc}", FailureKind.OVER_LIMIT)
+    except SandboxError as exc:
+        return _failed(f"sandbox error: {exc}", FailureKind.INFRA)
+    if keep_state is not None:
+        await asyncio.to_thread(save_state, bundle, keep_state)
+    try:
+        if mode == SEPARATE:
+            await asyncio.shield(sandbox.stop())
+            return await grade(task, bundle, sandboxes), outcome
+        return await run_tests(sandbox, task, fresh_home=True), outcome
+    except UnsupportedEnvironment as exc:
+        return _failed(f"verifier: {exc}", FailureKind.UNSUPPORTED)
+    except SandboxError as exc:  # the verifier's sandbox did not start: the host's failure
+        return _failed(f"sandbox error: {exc}", FailureKind.INFRA)
+
+
+async def grade(task: TaskSpec, bundle: bytes, sandboxes: SandboxSource) -> Reward:
+    """Separate-mode verification: a fresh sandbox from the pristine environment (the task's
+    `[verifier.environment]` when it has one), the bundle restored, the tests run. Re-grading
+    a stored final state is this same call. Raises SandboxError when that sandbox cannot
+    start (infrastructure); any later failure is reward 0 with a reason."""
+    spec = SandboxSpec.from_task(verifier_task(task), sandboxes.config)
+    paths = artifact_paths(task, SandboxSpec.from_task(task, sandboxes.config).workdir)
+    started = time.monotonic()
+    try:
+        sandbox = await sandboxes.acquire(spec)
+    except SandboxError as exc:  # raised on: retrying may help, the agent did nothing wrong
+        raise SandboxError(f"the verifier's sandbox did not start: {exc}") from None
+    try:
+        await restore_bundle(sandbox, bundle, paths)
+        reward = await run_tests(sandbox, task, fresh_home=False)
+    except SandboxError as exc:
+        reward = Reward.failed(f"sandbox error during verification: {exc}")
+    finally:
+        await asyncio.shield(sandbox.stop())
+    if not reward.verify_time_s:
+        reward = Reward(reward.value, reward.components, reward.reason,
+                        time.monotonic() - started)
+    return reward
+
+
+def verifier_task(task: TaskSpec) -> TaskSpec:
+    """The task with `[verifier.environment]` as its environment, when it defines one."""
+    environment = task.config.verifier.environment
+    if environment is None:
+        return task
+    config = task.config.model_copy(update={"environment": environment})
+    return TaskSpec(task.name, task.task_dir, task.instruction, config)
+
+
+def save_state(bundle: bytes, destination: Path) -> None:
+    """Write a bundle atomically (temporary file, fsync, rename)."""
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    tmp = destination.with_name(f".{destination.name}.tmp")
+    with open(tmp, "wb") as handle:
+        handle.write(bundle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, destination)
