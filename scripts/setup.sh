@@ -9,7 +9,7 @@ dev=0
 [ "${1:-}" = "--dev" ] && dev=1
 
 packages=(bubblewrap tmux python3 git tar gzip bzip2 xz-utils util-linux procps)
-[ $dev = 1 ] && packages+=(docker.io debootstrap chromium)
+[ $dev = 1 ] && packages+=(docker.io debootstrap chromium gcc libc6-dev)
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   missing=()
   for p in "${packages[@]}"; do

@@ -112,7 +112,8 @@ async def test_a_resumed_collector_skips_stored_samples(tmp_path):
     EVENTS.clear()
     groups = await Collector(config(), OracleAgent, store).run(tasks, 2)
     started = [name for kind, name, _ in EVENTS if kind == "start"]
-    assert started == [tasks[1].name] * 2 and len(store) == 4
+    # Two samples, each an agent's sandbox then a fresh one for verification.
+    assert started == [tasks[1].name] * 4 and len(store) == 4
     assert [len(g.trajectories) for g in groups] == [2, 2]
 
 

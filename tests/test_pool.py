@@ -41,3 +41,20 @@ async def _is_stopped(sandbox) -> bool:
     except Exception:  # noqa: BLE001 - any failure means it no longer runs commands
         return True
     return False
+
+
+async def test_concurrent_acquires_never_overfill(backend):
+    """Refills scheduled by concurrent acquires each see room; the pool still holds at most
+    `size` idle sandboxes (3 of 2 were seen on a loaded machine before starts were counted)."""
+    config = SandboxConfig(backend=backend, warm_pool=2)
+    spec = SandboxSpec.from_task(find_task("demo/word-count"), config)
+    pool = SandboxPool(config, size=2)
+    taken = await asyncio.gather(*(pool.acquire(spec) for _ in range(4)))
+    key = spec.environment_key()
+    for _ in range(300):
+        if not pool._refills:
+            break
+        await asyncio.sleep(0.05)
+    assert len(pool._idle[key]) == 2
+    await pool.close()
+    await asyncio.gather(*(s.stop() for s in taken))

@@ -176,3 +176,34 @@ async def test_forged_exec_replies_end_the_sandbox_not_the_host(garbage):
     await sandbox._read_replies()
     with pytest.raises(SandboxError, match="malformed reply"):
         pending.result()
+
+
+async def test_a_reply_to_a_request_never_sent_ends_the_sandbox():
+    # The host takes only replies to its own (random) request ids.
+    from skyrl_agent.sandboxes.local import LocalSandbox
+
+    class FakeProcess:
+        returncode = None
+        stdout = asyncio.StreamReader()
+
+        def kill(self):
+            self.returncode = -9
+
+    sandbox = LocalSandbox(SandboxSpec(name="forged", environment_dir=None))
+    sandbox._proc = FakeProcess()
+    sandbox._proc.stdout.feed_data(b"7 0 0 0.1 2 0\n1\n")
+    pending = asyncio.get_running_loop().create_future()
+    sandbox._pending[123456789] = pending
+    await sandbox._read_replies()
+    with pytest.raises(SandboxError, match="never sent"):
+        pending.result()
+
+
+async def test_a_lingering_background_child_ends_at_the_timeout(spec, sandbox_config):
+    # The shell exits at once but its child keeps the output pipe: the call returns at its
+    # timeout with what was printed, and the sandbox keeps answering.
+    async with create_sandbox(spec, sandbox_config) as sandbox:
+        lingering = await sandbox.exec("echo started; (sleep 300 &)", timeout=2)
+        after = await sandbox.exec("echo next", timeout=10)
+    assert lingering.stdout.startswith("started")
+    assert after.stdout == "next\n"

@@ -24,6 +24,7 @@ from skyrl_agent.config import SandboxConfig, VerifierConfig
 from skyrl_agent.envs.env import Env
 from skyrl_agent.envs.verifier import (
     SEPARATE,
+    ArtifactPath,
     artifact_paths,
     collect_bundle,
     limits_of,
@@ -129,10 +130,17 @@ async def run_episode(task: TaskSpec, act: Act, sandboxes: SandboxSource,
                                FailureKind.SANDBOX_DIED):
             return EpisodeResult(Reward.failed(outcome.reason or "failed"), outcome,
                                  sandbox_time, agent_time, mode)
-        reward, outcome = await _verify(task, sandbox, sandboxes, verifier, outcome, mode,
-                                        paths, keep_state)
+        collected = await _collect(task, sandbox, verifier, paths)
+        if isinstance(collected, tuple):
+            return EpisodeResult(*collected, sandbox_time, agent_time, mode)
+        if keep_state is not None:
+            await asyncio.to_thread(save_state, collected, keep_state)
+        if mode != SEPARATE:
+            reward, outcome = await _guarded(run_tests(sandbox, task, fresh_home=True), outcome)
     finally:
-        await asyncio.shield(sandbox.stop())
+        await asyncio.shield(sandbox.stop())  # separate mode: before the verifier's starts
+    if mode == SEPARATE:
+        reward, outcome = await _guarded(grade(task, collected, sandboxes), outcome)
     return EpisodeResult(reward, outcome, sandbox_time, agent_time, mode)
 
 
@@ -150,15 +158,14 @@ async def _act(act: Act, env: Env) -> AgentOutcome:
                             f"sandbox error: {exc}")
 
 
-async def _verify(task: TaskSpec, sandbox: Sandbox, sandboxes: SandboxSource,
-                  verifier: VerifierConfig, outcome: AgentOutcome, mode: str,
-                  paths, keep_state: Path | None) -> tuple[Reward, AgentOutcome]:
-    """Kill the agent's processes, collect, keep and grade its artifacts."""
+async def _collect(task: TaskSpec, sandbox: Sandbox, verifier: VerifierConfig,
+                   paths: tuple[ArtifactPath, ...]) -> bytes | tuple[Reward, AgentOutcome]:
+    """Kill the agent's processes and collect its artifacts: the bundle, or why not."""
     try:
         await sandbox.kill_processes()
         await run_collect_hooks(sandbox, task)
         await sandbox.kill_processes()
-        bundle = await collect_bundle(sandbox, paths, limits_of(verifier))
+        return await collect_bundle(sandbox, paths, limits_of(verifier))
     except SandboxDied as exc:
         return _failed(f"the agent's sandbox died before verification: {exc}",
                        FailureKind.SANDBOX_DIED)
@@ -166,13 +173,13 @@ async def _verify(task: TaskSpec, sandbox: Sandbox, sandboxes: SandboxSource,
         return _failed(f"artifacts over the limit: {exc}", FailureKind.OVER_LIMIT)
     except SandboxError as exc:
         return _failed(f"sandbox error: {exc}", FailureKind.INFRA)
-    if keep_state is not None:
-        await asyncio.to_thread(save_state, bundle, keep_state)
+
+
+async def _guarded(verifying: Awaitable[Reward],
+                   outcome: AgentOutcome) -> tuple[Reward, AgentOutcome]:
+    """The reward, or the failure that kept the tests from running (whose it was)."""
     try:
-        if mode == SEPARATE:
-            await asyncio.shield(sandbox.stop())
-            return await grade(task, bundle, sandboxes), outcome
-        return await run_tests(sandbox, task, fresh_home=True), outcome
+        return await verifying, outcome
     except UnsupportedEnvironment as exc:
         return _failed(f"verifier: {exc}", FailureKind.UNSUPPORTED)
     except SandboxError as exc:  # the verifier's sandbox did not start: the host's failure

@@ -155,7 +155,8 @@ def run(request, base_env):
         timed_out = True
     if timed_out:
         _kill_group(proc.pid)
-        REAPER.wait(proc.pid, None)
+        if exit_code is None:  # else the shell was reaped already; only its children lingered
+            REAPER.wait(proc.pid, None)
         for reader in readers:
             reader.join(2)  # a process that left the group may still hold a pipe
     REAPER.forget_orphans()

@@ -23,6 +23,9 @@ class SandboxPool:
         self.size = size
         self.max_idle_s = max_idle_s
         self._idle: dict[str, list[tuple[Sandbox, float]]] = {}
+        self._starting: dict[str, int] = {}
+        """Starts in flight per environment: counted as room taken, so that two concurrent
+        refills never both start the last free place."""
         self._refills: set[asyncio.Task] = set()
         self.hits = 0
         self.misses = 0
@@ -42,8 +45,12 @@ class SandboxPool:
 
     async def _refill(self, key: str, spec: SandboxSpec) -> None:
         idle = self._idle.setdefault(key, [])
-        while len(idle) < self.size:
-            sandbox = await self._start(spec)
+        while len(idle) + self._starting.get(key, 0) < self.size:
+            self._starting[key] = self._starting.get(key, 0) + 1
+            try:
+                sandbox = await self._start(spec)
+            finally:
+                self._starting[key] -= 1
             idle.append((sandbox, time.monotonic()))
 
     def _schedule_refill(self, key: str, spec: SandboxSpec) -> None:
