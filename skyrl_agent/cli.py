@@ -104,9 +104,8 @@ def tasks_check(
                                     *([f"sandbox.backend={sandbox}"] if sandbox else [])])
     sandbox_backend(settings.sandbox.backend)  # unknown backend: one line, before any work
     tasks = resolve_tasks(ref, settings.tasks.include, settings.tasks.limit)
-    if settings.sandbox.backend == "docker":
-        from skyrl_agent.sandboxes.docker import reap_expired_containers
-        reap_expired_containers()
+    from skyrl_agent.sandboxes.reaper import reap_leftovers
+    reap_leftovers(settings.sandbox)
     results = _run_with_progress(
         lambda on_result: check_tasks(tasks, agent, settings.sandbox, jobs=jobs,
                                       verifier=settings.verifier, on_result=on_result),
@@ -158,6 +157,14 @@ def _print_check_table(results) -> None:
     mean = sum(r.reward for r in results) / max(1, len(results))
     errors = sum(1 for r in results if r.reason)
     console.print(f"{len(results)} tasks, mean reward {mean:.3f}, {errors} with errors")
+    if results:
+        def median(values: list[float]) -> float:
+            return sorted(values)[len(values) // 2]
+        console.print(
+            f"median seconds: sandbox start {median([r.sandbox_time_s for r in results]):.2f}, "
+            f"agent {median([r.agent_time_s for r in results]):.2f}, verification "
+            f"{median([r.verify_time_s for r in results]):.2f} (in separate mode: a fresh "
+            "sandbox, the artifacts restored, the tests)")
 
 
 @agents_app.command("list")

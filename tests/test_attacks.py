@@ -84,7 +84,8 @@ async def test_link_states_store_and_regrade(tmp_path, backend):
     with tarfile.open(state) as archive:
         assert archive.getmember("app/root-link").linkname == "/"
     store.close()
-    regraded = await regrade([trajectory], store.run_dir, config.sandbox, jobs=1)
+    regraded = await regrade([trajectory], store.run_dir, config.sandbox, jobs=1,
+                             tasks={task.name: task})
     assert regraded[0].regraded == 1.0, regraded[0].note
 
 
@@ -96,7 +97,8 @@ async def test_stdlib_shadow_scores_zero_on_regrade_too(tmp_path, backend):
     trajectory = (await Collector(config, OracleAgent, store).run([task], 1))[0].trajectories[0]
     store.close()
     assert trajectory.reward.value == 0.0
-    regraded = await regrade([trajectory], store.run_dir, config.sandbox, jobs=1)
+    regraded = await regrade([trajectory], store.run_dir, config.sandbox, jobs=1,
+                             tasks={task.name: task})
     assert regraded[0].regraded == 0.0, regraded[0].note
 
 

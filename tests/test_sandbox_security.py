@@ -10,6 +10,7 @@ import uuid
 
 import pytest
 
+from skyrl_agent.config import SandboxConfig
 from skyrl_agent.sandboxes.base import SandboxError, SandboxSpec, create_sandbox
 from skyrl_agent.tasks import load_task
 from tests.helpers import make_task
@@ -207,3 +208,45 @@ async def test_a_lingering_background_child_ends_at_the_timeout(spec, sandbox_co
         after = await sandbox.exec("echo next", timeout=10)
     assert lingering.stdout.startswith("started")
     assert after.stdout == "next\n"
+
+
+async def test_a_killed_runs_local_sandbox_is_reaped():
+    # A run killed with kill -9 leaves its sandbox (processes, cgroup, mounted disk, folder):
+    # the next command's reaper removes it, and leaves sandboxes of live runs alone.
+    import subprocess
+    import sys
+    import textwrap
+
+    from skyrl_agent.sandboxes.local import reap_stale_sandboxes
+
+    import tempfile
+    from pathlib import Path
+    work_root = Path(tempfile.mkdtemp(prefix="skyrl-reap-"))  # reachable by the sandbox user
+    script = textwrap.dedent(f"""
+        import asyncio, os, sys
+        from pathlib import Path
+        from skyrl_agent.config import SandboxConfig
+        from skyrl_agent.sandboxes.base import SandboxSpec, create_sandbox
+        async def main():
+            config = SandboxConfig(work_root=Path({str(work_root)!r}))
+            sandbox = create_sandbox(SandboxSpec(name="orphan", environment_dir=None,
+                                                 workdir="/app"), config)
+            await sandbox.start()
+            await sandbox.exec("setsid sleep 4242 > /dev/null 2>&1 &", timeout=10)
+            print("ready", flush=True)
+            await asyncio.sleep(600)
+        asyncio.run(main())
+    """)
+    work_root.chmod(0o755)
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
+    assert child.stdout.readline().strip() == b"ready"
+    live = SandboxSpec(name="live", environment_dir=None, workdir="/app")
+    async with create_sandbox(live, SandboxConfig(work_root=work_root)):
+        assert reap_stale_sandboxes(work_root) == 0  # both owners still run
+        child.kill()
+        child.wait()
+        assert reap_stale_sandboxes(work_root) == 1
+        assert len(list(work_root.iterdir())) == 1  # only the live one is left
+    assert list(work_root.iterdir()) == []
+    work_root.rmdir()
+    assert await _wait_gone("sleep 4242") == []

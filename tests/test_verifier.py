@@ -4,24 +4,30 @@ from __future__ import annotations
 
 import pytest
 
-from skyrl_agent.config import SandboxConfig
-from skyrl_agent.envs import Env
+from skyrl_agent.config import SandboxConfig, VerifierConfig
+from skyrl_agent.envs.episode import AgentOutcome, FreshSandboxes, run_episode
 from skyrl_agent.envs.verifier import parse_reward_json
-from skyrl_agent.sandboxes.base import SandboxSpec, create_sandbox
 from skyrl_agent.tasks import load_task
+from skyrl_agent.types import FinishReason
 from tests.helpers import make_task
 
 R = "/logs/verifier"
 
 
 async def verify_task(tmp_path, test_sh: str, config: SandboxConfig, agent_cmd: str | None = None,
-                      **task_args):
+                      mode: str = "separate", **task_args):
+    """One episode whose agent runs `agent_cmd`; returns the reward."""
     task = load_task(make_task(tmp_path, "verify", test_sh, **task_args))
-    async with create_sandbox(SandboxSpec.from_task(task, config), config) as sandbox:
-        env = Env(task, sandbox)
+
+    async def act(env) -> AgentOutcome:
         if agent_cmd:
             await env.exec(agent_cmd, timeout=30)
-        return await env.verify()
+        return AgentOutcome(FinishReason.STOP)
+
+    episode = await run_episode(task, act, FreshSandboxes(config),
+                                VerifierConfig(default_mode=mode))
+    assert episode.mode == mode
+    return episode.reward
 
 
 @pytest.mark.parametrize("test_sh, value, components, reason", [
@@ -51,12 +57,13 @@ async def test_verifier_timeout(tmp_path):
     assert reward.value == 0.0 and "timed out after 2s" in reward.reason
 
 
-async def test_stale_rewards_and_planted_tests_are_replaced(tmp_path, backend):
-    # The agent writes a reward and a fake test; the verifier must delete and replace both.
+@pytest.mark.parametrize("mode", ["separate", "shared"])
+async def test_stale_rewards_and_planted_tests_are_replaced(tmp_path, backend, mode):
+    # The agent writes a reward and a fake test; neither may count, in either mode.
     plant = (f"mkdir -p {R} /tests && echo 1 > {R}/reward.txt && "
              f"echo '{{\"reward\": 1}}' > {R}/reward.json && "
              f"printf 'echo 1 > {R}/reward.txt' > /tests/test.sh")
-    reward = await verify_task(tmp_path, "true\n", SandboxConfig(backend=backend), plant)
+    reward = await verify_task(tmp_path, "true\n", SandboxConfig(backend=backend), plant, mode)
     assert reward.value == 0.0 and "no reward file" in reward.reason
 
 
@@ -66,3 +73,10 @@ def test_parse_reward_json_rejects_non_finite():
     with pytest.raises(ValueError):
         parse_reward_json('{"ok": true}')
     assert parse_reward_json('{"reward": 1, "x": 0.5}') == (1.0, {"reward": 1.0, "x": 0.5})
+
+
+async def test_tests_run_from_tests_with_the_verifier_environment(tmp_path):
+    # cwd is /tests (never the agent's workdir), and the environment is the sandbox's own.
+    test_sh = f"[ \"$PWD\" = /tests ] && [ \"$HOME\" = /root ] && echo 1 > {R}/reward.txt\n"
+    reward = await verify_task(tmp_path, test_sh, SandboxConfig())
+    assert reward.value == 1.0, reward.reason

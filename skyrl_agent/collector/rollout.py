@@ -25,6 +25,7 @@ from skyrl_agent.envs.episode import (
     SandboxSource,
     run_episode,
 )
+from skyrl_agent.envs.verifier import SEPARATE
 from skyrl_agent.tasks.model import TaskSpec
 from skyrl_agent.types import FailureKind, Trajectory
 
@@ -68,7 +69,8 @@ async def run_rollout(task: TaskSpec, sample_index: int, agent: Agent, config: R
 def _trajectory(task: TaskSpec, sample_index: int, agent: Agent, session: LLMSession | None,
                 episode: EpisodeResult) -> Trajectory:
     outcome = episode.outcome
-    metrics: dict[str, Any] = dict(outcome.metrics)
+    metrics: dict[str, Any] = {**outcome.metrics,
+                               "verified_separately": float(episode.mode == SEPARATE)}
     if session is not None:
         metrics = {**session.metrics(), **metrics}
     masked = outcome.failure in MASKED

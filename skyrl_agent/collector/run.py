@@ -88,6 +88,7 @@ def rollout_command(config_path: Path | None, overrides: list[str], n: int, outp
     """Validate everything first (one-line errors), then run with a progress display."""
     from skyrl_agent.agents.base import agent_class
     from skyrl_agent.sandboxes.base import sandbox_backend
+    from skyrl_agent.sandboxes.reaper import reap_leftovers
     from skyrl_agent.tasks import resolve_tasks
 
     settings = load_config(config_path, overrides)
@@ -96,6 +97,7 @@ def rollout_command(config_path: Path | None, overrides: list[str], n: int, outp
     tasks = resolve_tasks(settings.tasks.source, settings.tasks.include, settings.tasks.limit)
     prepare_run_dir(output, settings, n)
     store = TrajectoryStore(output, writable=True)
+    reap_leftovers(settings.sandbox)
 
     pending = missing_samples(store, tasks, n)
 

@@ -11,7 +11,9 @@ from rich.console import Console
 from rich.table import Table
 
 from skyrl_agent.collector.store import StoreError, TrajectoryStore
+from skyrl_agent.errors import UserError
 from skyrl_agent.evaluation.stats import RunSummary, compare
+from skyrl_agent.tasks.model import TaskSpec
 from skyrl_agent.types import Trajectory
 
 
@@ -76,13 +78,23 @@ def print_comparison(a: RunSummary, b: RunSummary, names: tuple[str, str],
                   f"({b.reward_mean - a.reward_mean:+.3f})")
 
 
+def _run_tasks(run_dir: Path) -> dict[str, TaskSpec]:
+    """The run's tasks by name, from the task source in its config.json (empty if unreadable)."""
+    from skyrl_agent.tasks import resolve_tasks
+    try:
+        source = json.loads((run_dir / "config.json").read_text())["config"]["tasks"]["source"]
+        return {task.name: task for task in resolve_tasks(source)}
+    except (OSError, KeyError, ValueError, UserError):
+        return {}
+
+
 def print_regrades(trajectories: list[Trajectory], run_dir: Path, sandbox: str | None,
                    jobs: int, console: Console) -> None:
     from skyrl_agent.config import SandboxConfig
     from skyrl_agent.evaluation.regrade import regrade
 
     config = SandboxConfig(backend=sandbox) if sandbox else SandboxConfig()
-    results = asyncio.run(regrade(trajectories, run_dir, config, jobs))
+    results = asyncio.run(regrade(trajectories, run_dir, config, jobs, _run_tasks(run_dir)))
     table = Table("task", "sample", "stored", "regraded", "note")
     for r in results:
         regraded = "-" if r.regraded is None else f"{r.regraded:.3f}"

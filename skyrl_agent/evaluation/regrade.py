@@ -4,6 +4,7 @@ verification an episode uses: a fresh sandbox, the bundle restored, the tests ru
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from skyrl_agent.envs.episode import FreshSandboxes, grade
 from skyrl_agent.errors import UserError
 from skyrl_agent.sandboxes.base import SandboxError, UnsupportedEnvironment
 from skyrl_agent.tasks import find_task
+from skyrl_agent.tasks.model import TaskSpec
 from skyrl_agent.types import Trajectory
 
 
@@ -26,14 +28,15 @@ class Regrade:
     note: str = ""
 
 
-async def _one(trajectory: Trajectory, run_dir: Path, config: SandboxConfig) -> Regrade:
+async def _one(trajectory: Trajectory, run_dir: Path, config: SandboxConfig,
+               tasks: Mapping[str, TaskSpec]) -> Regrade:
     archive = final_state.state_path(run_dir, trajectory.task_id, trajectory.sample_index)
     stored = trajectory.reward.value
     if not archive.is_file():
         return Regrade(trajectory.task_id, trajectory.sample_index, stored, None,
                        "no stored final state")
     try:
-        task = find_task(trajectory.task_id)
+        task = tasks.get(trajectory.task_id) or find_task(trajectory.task_id)
     except UserError as exc:
         return Regrade(trajectory.task_id, trajectory.sample_index, stored, None, str(exc))
     try:
@@ -46,11 +49,13 @@ async def _one(trajectory: Trajectory, run_dir: Path, config: SandboxConfig) -> 
 
 
 async def regrade(trajectories: list[Trajectory], run_dir: Path, config: SandboxConfig,
-                  jobs: int = 2) -> list[Regrade]:
+                  jobs: int = 2, tasks: Mapping[str, TaskSpec] | None = None) -> list[Regrade]:
+    """Re-grade each trajectory's stored state; `tasks` (by name) are the run's own, when the
+    run's task source can still be loaded, else tasks are looked up by name."""
     limit = asyncio.Semaphore(jobs)
 
     async def bounded(t: Trajectory) -> Regrade:
         async with limit:
-            return await _one(t, run_dir, config)
+            return await _one(t, run_dir, config, tasks or {})
 
     return list(await asyncio.gather(*[bounded(t) for t in trajectories]))

@@ -280,14 +280,20 @@ def collect_tar_stream(chunks: Iterable[bytes], remote: str, writer: BundleWrite
     bundle, checking each; nothing is written to the host's file system."""
     top = sandbox_relative(remote)
     stream = io.BufferedReader(BoundedStream(chunks, writer.limits.max_bytes * 2 + _CHUNK))
+    links: list[str] = []
+    seen: set[str] = set()
     with tarfile.open(fileobj=stream, mode="r|") as archive:
         for member in archive:
             name = checked_member_name(member.name, top)
-            if name is None or writer.excluded(name):
+            if name is None or name in seen or writer.excluded(name):
                 continue
+            if any(name.startswith(link + "/") for link in links):
+                continue  # listed "through" a link: never a path of the sandbox's own
+            seen.add(name)
             if member.isdir():
                 writer.add_dir(name, member.mode, member.mtime)
             elif member.issym():
+                links.append(name)
                 writer.add_symlink(name, member.linkname, member.mtime)
             elif member.isreg():
                 source = archive.extractfile(member)

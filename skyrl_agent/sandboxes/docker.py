@@ -43,7 +43,7 @@ from skyrl_agent.sandboxes.base import (
 
 IMAGE_REPO = "skyrl-agent-task"
 LABEL = "skyrl-agent.sandbox"
-_build_locks: dict[str, asyncio.Lock] = {}
+_build_locks: dict[tuple[int, str], asyncio.Lock] = {}  # per event loop and tag
 STORAGE_POLL_S = 1.0
 # PID 1: ignores what it can, reaps orphans (bash waits on any child), ends at the deadline.
 KEEPER = ('trap "" HUP INT QUIT TERM USR1 USR2 PIPE; end=$((SECONDS + {seconds})); '
@@ -144,7 +144,7 @@ class DockerSandbox(Sandbox):
                 raise UnsupportedEnvironment(f"task {self.spec.name} has no Dockerfile or image")
             return await asyncio.to_thread(self._mapped_base, self.spec.docker_image)
         tag = f"{IMAGE_REPO}:{self.spec.environment_key()[:16]}"
-        lock = _build_locks.setdefault(tag, asyncio.Lock())
+        lock = _build_locks.setdefault((id(asyncio.get_running_loop()), tag), asyncio.Lock())
         async with lock:
             if not await asyncio.to_thread(self._has_image, tag):
                 await asyncio.to_thread(self._build, tag)
@@ -208,14 +208,19 @@ class DockerSandbox(Sandbox):
             self.container.kill()
 
     # ---- commands and files -------------------------------------------------------------------
+    def _check_alive(self) -> None:
+        if self._dead_reason is not None:
+            raise self._died("")
+        if self.container is None:
+            raise SandboxError(f"sandbox {self.spec.name} is not running")
+
     def _died(self, why: str) -> SandboxDied:
         return SandboxDied(f"sandbox {self.spec.name} died: {self._dead_reason or why}")
 
     async def exec(self, command: str, timeout: float | None = None, cwd: str | None = None,
                    env: Mapping[str, str] | None = None, user: str | int | None = None,
                    ) -> ExecResult:
-        if self.container is None:
-            raise SandboxError(f"sandbox {self.spec.name} is not running")
+        self._check_alive()
         limit = self._effective_timeout(timeout)
         # `timeout` puts the command in its own process group and kills the group at the limit.
         wrapped = ["timeout", "-s", "KILL", f"{limit:.3f}", "bash", "-c", command]
@@ -225,6 +230,7 @@ class DockerSandbox(Sandbox):
                 self._exec_blocking, wrapped, cwd, env, user), timeout=limit + 30)
         except TimeoutError:
             raise SandboxError(f"sandbox {self.spec.name} stopped answering") from None
+        self._check_alive()  # the watchdog may have ended the container under this command
         duration = time.monotonic() - started
         timed_out = code == 137 and duration >= limit - 0.05
         return ExecResult(-1 if timed_out else code, out, err, timed_out, duration)
@@ -264,12 +270,15 @@ class DockerSandbox(Sandbox):
 
     def _archive_chunks(self, remote: str):
         import docker
-        if self.container is None:
-            raise SandboxError(f"sandbox {self.spec.name} is not running")
+        self._check_alive()
         try:
             stream, _ = self.container.get_archive(remote, chunk_size=1 << 20)
         except docker.errors.NotFound:
+            if self._dead_reason is not None:
+                raise self._died("") from None
             return None
+        except docker.errors.APIError as exc:
+            raise SandboxError(f"engine error in {self.spec.name}: {exc.explanation}") from None
         return stream
 
     def _read_blocking(self, remote: str, limit: int) -> bytes | None:
@@ -290,8 +299,7 @@ class DockerSandbox(Sandbox):
         return await asyncio.to_thread(self._collect_blocking, remote, writer)
 
     async def kill_processes(self) -> None:
-        if self.container is None:
-            raise SandboxError(f"sandbox {self.spec.name} is not running")
+        self._check_alive()
         # Not under `timeout` as exec() runs commands: kill -1 would end that wrapper too.
         code, out, _ = await asyncio.wait_for(asyncio.to_thread(
             self._exec_blocking, ["bash", "-c", KILL_ALL], "/", None, 0), timeout=60)

@@ -1,10 +1,10 @@
 """The process that lives inside a local (bubblewrap) sandbox and runs commands on request.
 
-Runs with the system python3 of the sandbox (stdlib only, any Python >= 3.8): it must not import
+Runs with the system python3 of the sandbox (stdlib only, any Python >= 3.9): it must not import
 skyrl_agent. Every command of a sandbox runs through this one process, so all share one PID
 namespace (background processes such as a tmux server survive between commands, as in a
-container). It exits at its deadline or when stdin closes; bubblewrap then tears the namespace down and
-every process in it dies.
+container). It exits at its deadline or when stdin closes; bubblewrap then tears the namespace
+down and every process in it dies.
 
 Agent commands run as the same user, so the server defends its channel to the host:
 - it is PID 1 of the sandbox's PID namespace (bubblewrap --as-pid-1), and the kernel drops any
@@ -102,7 +102,7 @@ def read_request(stream):
 
 
 class CappedReader(threading.Thread):
-    """Drains a pipe, keeping the first and last `limit // 2` bytes so a flood cannot fill memory."""
+    """Drains a pipe, keeping the first and last `limit // 2` bytes: a flood cannot fill memory."""
 
     def __init__(self, pipe, limit):
         super().__init__(daemon=True)
@@ -128,24 +128,46 @@ class CappedReader(threading.Thread):
 
 
 def run(request, base_env):
+    """Run one command and reply; every failure still gets a reply."""
     started = time.monotonic()
+    try:
+        result = execute(request, base_env, started)
+    except Exception as exc:  # e.g. no thread left in a sandbox at its pids limit
+        result = (126, False, b"", ("exec server: %s" % exc).encode())
+    REAPER.forget_orphans()
+    exit_code, timed_out, stdout, stderr = result
+    reply(request["id"], exit_code, timed_out, time.monotonic() - started, stdout, stderr)
+
+
+def execute(request, base_env, started):
+    """(exit code, timed out, stdout, stderr) of one command."""
     env = dict(base_env)
     env.update(request.get("env") or {})
     limit = int(request.get("max_output") or 1000000)
     stdin_data = request.get("stdin")
-    try:
-        proc = spawn(request, env, stdin_data)
-    except OSError as exc:
-        reply(request["id"], 127, False, time.monotonic() - started, stderr=str(exc).encode())
-        return
-    readers = [CappedReader(proc.stdout, limit), CappedReader(proc.stderr, limit)]
+    # Threads first, process second: a command that forks to the pids limit at once must not
+    # leave us unable to start the threads that drain its output.
+    out_read, out_write = os.pipe()
+    err_read, err_write = os.pipe()
+    readers = [CappedReader(open(out_read, "rb"), limit), CappedReader(open(err_read, "rb"), limit)]
     for reader in readers:
         reader.start()
+    stdin_read = stdin_write = None
     if stdin_data is not None:
-        threading.Thread(target=_feed, args=(proc.stdin, stdin_data), daemon=True).start()
+        stdin_read, stdin_write = os.pipe()
+        threading.Thread(target=_feed, args=(open(stdin_write, "wb"), stdin_data),
+                         daemon=True).start()
+    try:
+        pid = spawn(request, env, stdin_read, out_write, err_write)
+    except OSError as exc:
+        return 127, False, b"", str(exc).encode()
+    finally:
+        for fd in (out_write, err_write, stdin_read):
+            if fd is not None:
+                os.close(fd)
     timeout = request.get("timeout")
     deadline = None if timeout is None else started + timeout
-    exit_code = REAPER.wait(proc.pid, timeout)
+    exit_code = REAPER.wait(pid, timeout)
     timed_out = exit_code is None
     # Background children may hold the pipes open after the shell exits: wait for them only
     # until the timeout, then kill the whole group (a fork bomb ends here too).
@@ -154,27 +176,25 @@ def run(request, base_env):
     if any(reader.is_alive() for reader in readers):
         timed_out = True
     if timed_out:
-        _kill_group(proc.pid)
+        _kill_group(pid)
         if exit_code is None:  # else the shell was reaped already; only its children lingered
-            REAPER.wait(proc.pid, None)
+            REAPER.wait(pid, None)
         for reader in readers:
             reader.join(2)  # a process that left the group may still hold a pipe
-    REAPER.forget_orphans()
-    reply(request["id"], -1 if timed_out else exit_code, timed_out, time.monotonic() - started,
-          readers[0].value(), readers[1].value())
+    return (-1 if timed_out else exit_code), timed_out, readers[0].value(), readers[1].value()
 
 
-def spawn(request, env, stdin_data):
+def spawn(request, env, stdin_fd, stdout_fd, stderr_fd):
     """Start a command in its own session; the reaper is told before it can exit unseen."""
     with REAPER.cond:  # hold the reaper off until the pid is watched
         proc = subprocess.Popen(
             ["/bin/bash", "-c", request["cmd"]], cwd=request.get("cwd") or None, env=env,
-            stdin=subprocess.PIPE if stdin_data is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+            stdin=subprocess.DEVNULL if stdin_fd is None else stdin_fd,
+            stdout=stdout_fd, stderr=stderr_fd, start_new_session=True)
         REAPER.statuses.pop(proc.pid, None)  # a reused pid's stale status (not this process's:
         REAPER.watched.add(proc.pid)         # the reaper cannot record while we hold the lock)
         REAPER.cond.notify_all()
-    return proc
+    return proc.pid
 
 
 def others():

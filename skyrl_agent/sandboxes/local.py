@@ -64,6 +64,7 @@ BASE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bi
             "HOME": "/root", "TERM": "xterm-256color", "LANG": "C.UTF-8", "USER": "root"}
 TRANSFER_LIMIT = 512 * 1024 * 1024
 REPLY_LIMIT = TRANSFER_LIMIT + 1024  # head + tail + cut marker of a capped stream
+OWNER_FILE = "owner"  # "<pid>:<start time>" of the process that made the sandbox, and its id
 log = logging.getLogger(__name__)
 
 
@@ -94,6 +95,36 @@ def _remove_tree(path: Path) -> None:
         shutil.rmtree(path, onexc=make_writable)
     except OSError:  # a copy still running in a cancelled start() may add files meanwhile
         shutil.rmtree(path, ignore_errors=True)
+
+
+def _process_identity(pid: int) -> str:
+    """`pid:start-time`, unique for a process's lifetime (a pid alone may be reused)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return f"{pid}:gone"
+    return f"{pid}:{stat.rsplit(') ', 1)[1].split()[19]}"
+
+
+def reap_stale_sandboxes(work_root: Path | None = None) -> int:
+    """Remove local sandboxes whose owner process has exited (a killed run): their processes,
+    cgroups, disks and folders. Returns how many were removed."""
+    base = work_root or Path(tempfile.gettempdir()) / "skyrl-agent-sandboxes"
+    removed = 0
+    for folder in base.glob("*") if base.is_dir() else []:
+        try:
+            owner, sandbox_id = (folder / OWNER_FILE).read_text().split()
+        except (OSError, ValueError):
+            continue
+        if _process_identity(int(owner.split(":")[0])) == owner:
+            continue  # its owner still runs
+        if cgroups_available():
+            Cgroup(sandbox_id).remove()
+        if os.path.ismount(folder / "root"):
+            _unmount(folder / "root")
+        _remove_tree(folder)
+        removed += 1
+    return removed
 
 
 def _can_mount() -> bool:
@@ -175,6 +206,7 @@ class LocalSandbox(Sandbox):
         base.mkdir(parents=True, exist_ok=True)
         self._dir = Path(tempfile.mkdtemp(prefix=self.id + "-", dir=base))
         self._dir.chmod(0o711)  # the unprivileged sandbox user must reach root/ to mount it
+        (self._dir / OWNER_FILE).write_text(f"{_process_identity(os.getpid())}\n{self.id}\n")
         if os.geteuid() == 0:
             _require_traversable(base)
         await asyncio.to_thread(self._mount_disk)
