@@ -35,6 +35,7 @@ import time
 
 _write_lock = threading.Lock()
 PR_SET_DUMPABLE = 4
+REAPED_ELSEWHERE = -255
 
 
 class Reaper(threading.Thread):
@@ -194,6 +195,9 @@ def spawn(request, env, stdin_fd, stdout_fd, stderr_fd):
         REAPER.statuses.pop(proc.pid, None)  # a reused pid's stale status (not this process's:
         REAPER.watched.add(proc.pid)         # the reaper cannot record while we hold the lock)
         REAPER.cond.notify_all()
+    # The reaper owns this child. A Popen dropped with no returncode goes on subprocess's list
+    # of processes to poll, and the next Popen would reap it there, stealing its status.
+    proc.returncode = REAPED_ELSEWHERE
     return proc.pid
 
 

@@ -20,6 +20,7 @@ directory fd at a time, never following a link.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import marshal
 import os
@@ -30,7 +31,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,6 +128,18 @@ def reap_stale_sandboxes(work_root: Path | None = None) -> int:
     return removed
 
 
+async def _to_thread_to_the_end(function: Callable[..., None], *args: object) -> None:
+    """Run `function` in a thread; when cancelled, let it finish before re-raising, so that
+    stop() sees everything it did (a disk mounted after stop() ran would never be unmounted)."""
+    future = asyncio.ensure_future(asyncio.to_thread(function, *args))
+    try:
+        await asyncio.shield(future)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await future
+        raise
+
+
 def _can_mount() -> bool:
     """Whether sandbox disks can be loop-mounted ext4 file systems here (root, tools, loop)."""
     return (os.geteuid() == 0 and shutil.which("mkfs.ext4") is not None
@@ -209,8 +222,8 @@ class LocalSandbox(Sandbox):
         (self._dir / OWNER_FILE).write_text(f"{_process_identity(os.getpid())}\n{self.id}\n")
         if os.geteuid() == 0:
             _require_traversable(base)
-        await asyncio.to_thread(self._mount_disk)
-        await asyncio.to_thread(self._prepare_root, self._plan)
+        await _to_thread_to_the_end(self._mount_disk)
+        await _to_thread_to_the_end(self._prepare_root, self._plan)
         if cgroups_available():
             self._cgroup = Cgroup.create(self.id, self.spec.memory_mb, self.spec.pids_limit,
                                          self.spec.cpus)
