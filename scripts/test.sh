@@ -15,5 +15,12 @@ fi
 
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
 status=$?
+# Tests must leave no local sandbox behind: no folder, no mounted disk.
+left=$(find "${TMPDIR:-/tmp}/skyrl-agent-sandboxes" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l)
+mounted=$(grep -c skyrl-agent-sandboxes /proc/mounts || true)
+if [ "$left" != 0 ] || [ "$mounted" != 0 ]; then
+  echo "error: the tests left $left local sandbox folders and $mounted mounted sandbox disks" >&2
+  [ $status = 0 ] && status=1
+fi
 [ -n "$started" ] && bash scripts/docker-engine.sh stop
 exit $status

@@ -151,14 +151,8 @@ async def test_stop_leaves_no_process(spec, sandbox_config):
 
 
 
-@pytest.mark.parametrize("garbage", [
-    b"1 0 0 0.1 99999999999999 0\n",           # absurd length
-    b"\x80\x04\x95 not a header at all\n",     # binary junk (e.g. a pickle/marshal payload)
-    b"1 0 0 zero 0 0\n",                        # a field that is not a number
-])
-async def test_forged_exec_replies_end_the_sandbox_not_the_host(garbage):
-    # Whatever writes to the exec server's reply pipe must not make the host parse objects:
-    # a malformed reply marks the sandbox dead, and callers get a SandboxError.
+def _sandbox_reading(replies: bytes):
+    """A local sandbox whose exec-server pipe holds `replies` (no process behind it)."""
     from skyrl_agent.sandboxes.local import LocalSandbox
 
     class FakeProcess:
@@ -169,9 +163,21 @@ async def test_forged_exec_replies_end_the_sandbox_not_the_host(garbage):
             self.returncode = -9
 
     sandbox = LocalSandbox(SandboxSpec(name="forged", environment_dir=None))
-    sandbox._proc = FakeProcess()
-    sandbox._proc.stdout.feed_data(garbage)
+    sandbox._proc = FakeProcess()  # type: ignore[assignment]
+    sandbox._proc.stdout.feed_data(replies)
     sandbox._proc.stdout.feed_eof()
+    return sandbox
+
+
+@pytest.mark.parametrize("garbage", [
+    b"1 0 0 0.1 99999999999999 0\n",           # absurd length
+    b"\x80\x04\x95 not a header at all\n",     # binary junk (e.g. a pickle/marshal payload)
+    b"1 0 0 zero 0 0\n",                        # a field that is not a number
+])
+async def test_forged_exec_replies_end_the_sandbox_not_the_host(garbage):
+    # Whatever writes to the exec server's reply pipe must not make the host parse objects:
+    # a malformed reply marks the sandbox dead, and callers get a SandboxError.
+    sandbox = _sandbox_reading(garbage)
     pending = asyncio.get_running_loop().create_future()
     sandbox._pending[1] = pending
     await sandbox._read_replies()
@@ -181,18 +187,7 @@ async def test_forged_exec_replies_end_the_sandbox_not_the_host(garbage):
 
 async def test_a_reply_to_a_request_never_sent_ends_the_sandbox():
     # The host takes only replies to its own (random) request ids.
-    from skyrl_agent.sandboxes.local import LocalSandbox
-
-    class FakeProcess:
-        returncode = None
-        stdout = asyncio.StreamReader()
-
-        def kill(self):
-            self.returncode = -9
-
-    sandbox = LocalSandbox(SandboxSpec(name="forged", environment_dir=None))
-    sandbox._proc = FakeProcess()
-    sandbox._proc.stdout.feed_data(b"7 0 0 0.1 2 0\n1\n")
+    sandbox = _sandbox_reading(b"7 0 0 0.1 2 0\n1\n")
     pending = asyncio.get_running_loop().create_future()
     sandbox._pending[123456789] = pending
     await sandbox._read_replies()

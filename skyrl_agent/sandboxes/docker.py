@@ -40,6 +40,7 @@ from skyrl_agent.sandboxes.base import (
     SandboxError,
     UnsupportedEnvironment,
 )
+from skyrl_agent.sandboxes.exec_server import HeadTail
 
 IMAGE_REPO = "skyrl-agent-task"
 LABEL = "skyrl-agent.sandbox"
@@ -71,28 +72,6 @@ def docker_client():
             f"no Docker engine answers ({exc.__class__.__name__}); start dockerd "
             "(scripts/docker-engine.sh start) or use --sandbox local") from None
     return client
-
-
-class HeadTail:
-    """Keeps the first and last `limit // 2` bytes of a stream, so a flood cannot fill memory."""
-
-    def __init__(self, limit: int) -> None:
-        self.half = max(1, limit // 2)
-        self.head, self.tail, self.dropped = bytearray(), bytearray(), 0
-
-    def add(self, chunk: bytes) -> None:
-        room = self.half - len(self.head)
-        if room > 0:
-            self.head += chunk[:room]
-            chunk = chunk[room:]
-        self.tail += chunk
-        if len(self.tail) > self.half:
-            self.dropped += len(self.tail) - self.half
-            del self.tail[: len(self.tail) - self.half]
-
-    def text(self) -> str:
-        marker = f"\n[... {self.dropped} bytes cut ...]\n".encode() if self.dropped else b""
-        return (bytes(self.head) + marker + bytes(self.tail)).decode(errors="replace")
 
 
 class DockerSandbox(Sandbox):
@@ -258,7 +237,8 @@ class DockerSandbox(Sandbox):
             raise SandboxError(f"engine error in {self.spec.name}: {exc.explanation}") from None
         if code is None:
             raise self._died("its command never finished")
-        return code, outputs[0].text(), outputs[1].text()
+        stdout, stderr = (kept.value().decode(errors="replace") for kept in outputs)
+        return code, stdout, stderr
 
     async def extract(self, archive: bytes, remote_dir: str) -> None:
         made = await self.exec(f"mkdir -p {shlex.quote(remote_dir)}", timeout=60, cwd="/",

@@ -102,30 +102,44 @@ def read_request(stream):
     return marshal.loads(stream.read(int.from_bytes(header, "big")))
 
 
-class CappedReader(threading.Thread):
-    """Drains a pipe, keeping the first and last `limit // 2` bytes: a flood cannot fill memory."""
+class HeadTail:
+    """Keeps the first and last `limit // 2` bytes of a stream: a flood cannot fill memory.
+    (Also used by the docker backend on the host; this file imports only the stdlib.)"""
 
-    def __init__(self, pipe, limit):
-        super().__init__(daemon=True)
-        self.pipe, self.half = pipe, max(1, limit // 2)
+    def __init__(self, limit):
+        self.half = max(1, limit // 2)
         self.head, self.tail, self.dropped = bytearray(), bytearray(), 0
 
-    def run(self):
-        for chunk in iter(lambda: self.pipe.read1(65536), b""):
-            room = self.half - len(self.head)
-            if room > 0:
-                self.head += chunk[:room]
-                chunk = chunk[room:]
-            self.tail += chunk
-            if len(self.tail) > self.half:
-                self.dropped += len(self.tail) - self.half
-                del self.tail[: len(self.tail) - self.half]
+    def add(self, chunk):
+        room = self.half - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+            chunk = chunk[room:]
+        self.tail += chunk
+        if len(self.tail) > self.half:
+            self.dropped += len(self.tail) - self.half
+            del self.tail[: len(self.tail) - self.half]
 
     def value(self):
         if not self.dropped:
             return bytes(self.head + self.tail)
         marker = ("\n[... %d bytes cut ...]\n" % self.dropped).encode()
         return bytes(self.head) + marker + bytes(self.tail)
+
+
+class CappedReader(threading.Thread):
+    """Drains a pipe into a HeadTail."""
+
+    def __init__(self, pipe, limit):
+        super().__init__(daemon=True)
+        self.pipe, self.kept = pipe, HeadTail(limit)
+
+    def run(self):
+        for chunk in iter(lambda: self.pipe.read1(65536), b""):
+            self.kept.add(chunk)
+
+    def value(self):
+        return self.kept.value()
 
 
 def run(request, base_env):
