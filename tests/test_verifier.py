@@ -80,3 +80,24 @@ async def test_tests_run_from_tests_with_the_verifier_environment(tmp_path):
     test_sh = f"[ \"$PWD\" = /tests ] && [ \"$HOME\" = /root ] && echo 1 > {R}/reward.txt\n"
     reward = await verify_task(tmp_path, test_sh, SandboxConfig())
     assert reward.value == 1.0, reward.reason
+
+
+async def test_declared_artifacts_alone_reach_the_verifier(tmp_path, backend):
+    # Harbor's task-level `artifacts` (relative paths under the workdir, `exclude` patterns):
+    # exactly those are carried into the fresh sandbox, and nothing else the agent wrote.
+    test_sh = ("[ -f /app/out.txt ] && [ -f /data/keep ] && [ ! -e /data/x.tmp ] && "
+               f"[ ! -e /app/other.txt ] && echo 1 > {R}/reward.txt\n")
+    task_dir = make_task(tmp_path, "declared", test_sh)
+    toml = task_dir / "task.toml"
+    toml.write_text('artifacts = ["out.txt", {source = "/data", exclude = ["*.tmp"]}, '
+                    '"out.txt"]\n' + toml.read_text())
+    agent = ("echo 42 > /app/out.txt && echo no > /app/other.txt && mkdir -p /data && "
+             "echo k > /data/keep && echo t > /data/x.tmp")
+
+    async def act(env) -> AgentOutcome:
+        await env.exec(agent, timeout=30)
+        return AgentOutcome(FinishReason.STOP)
+
+    episode = await run_episode(load_task(task_dir), act,
+                                FreshSandboxes(SandboxConfig(backend=backend)), VerifierConfig())
+    assert episode.reward.value == 1.0, episode.reward.reason

@@ -24,6 +24,7 @@ from skyrl_agent.config import SandboxConfig, VerifierConfig
 from skyrl_agent.envs.env import Env
 from skyrl_agent.envs.verifier import (
     SEPARATE,
+    SHARED,
     ArtifactPath,
     artifact_paths,
     collect_bundle,
@@ -113,7 +114,7 @@ async def run_episode(task: TaskSpec, act: Act, sandboxes: SandboxSource,
     mode = verifier_mode(task, verifier)
     paths = artifact_paths(task, spec.workdir)
     if not paths:
-        mode = "shared"  # nothing to carry over: the tests must see the agent's sandbox
+        mode = SHARED  # nothing to carry over: the tests must see the agent's sandbox
     started = time.monotonic()
     try:
         sandbox = await sandboxes.acquire(spec)

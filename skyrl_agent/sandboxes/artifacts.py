@@ -82,8 +82,6 @@ class BundleWriter:
                    for p in self.exclude)
 
     def _info(self, name: str, kind: bytes, mode: int, mtime: float) -> tarfile.TarInfo:
-        if name in self._names:
-            raise ValueError(f"duplicate entry {name!r}")
         self.entries += 1
         if self.entries > self.limits.max_entries:
             raise ArtifactLimitExceeded(f"more than {self.limits.max_entries} files")
@@ -95,9 +93,13 @@ class BundleWriter:
         return info
 
     def add_dir(self, name: str, mode: int = 0o755, mtime: float = 0) -> None:
+        if name in self._names:  # overlapping artifact paths: the first wins
+            return
         self._tar.addfile(self._info(name, tarfile.DIRTYPE, mode, mtime))
 
     def add_symlink(self, name: str, target: str, mtime: float = 0) -> None:
+        if name in self._names:  # overlapping artifact paths: the first wins
+            return
         if "\0" in target or len(target) > 4096:
             return
         info = self._info(name, tarfile.SYMTYPE, 0o777, mtime)
@@ -106,6 +108,8 @@ class BundleWriter:
 
     def add_file(self, name: str, source: BinaryIO, size: int, mode: int = 0o644,
                  mtime: float = 0) -> None:
+        if name in self._names:
+            return
         if self.bytes + size > self.limits.max_bytes:
             raise ArtifactLimitExceeded(f"more than {self.limits.max_bytes} bytes")
         info = self._info(name, tarfile.REGTYPE, mode, mtime)
@@ -192,7 +196,11 @@ def _add_entry(dir_fd: int, base: str, name: str, writer: BundleWriter, depth: i
         except OSError:
             return True
         try:
-            for child in sorted(os.listdir(fd)):
+            try:
+                children = sorted(os.listdir(fd))
+            except OSError:  # unreadable to a host that is not root
+                children = []
+            for child in children:
                 _add_entry(fd, child, f"{name}/{child}", writer, depth + 1)
         finally:
             os.close(fd)

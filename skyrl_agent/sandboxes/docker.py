@@ -21,10 +21,11 @@ import contextlib
 import re
 import shlex
 import shutil
+import tarfile
 import tempfile
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from skyrl_agent.sandboxes.artifacts import (
@@ -263,14 +264,27 @@ class DockerSandbox(Sandbox):
 
     def _read_blocking(self, remote: str, limit: int) -> bytes | None:
         stream = self._archive_chunks(remote)
-        return None if stream is None else read_tar_file(stream, remote, limit)
+        if stream is None:
+            return None
+        with self._engine_archive():
+            return read_tar_file(stream, remote, limit)
 
     def _collect_blocking(self, remote: str, writer: BundleWriter) -> bool:
         stream = self._archive_chunks(remote)
         if stream is None:
             return False
-        collect_tar_stream(stream, remote, writer)
+        with self._engine_archive():
+            collect_tar_stream(stream, remote, writer)
         return True
+
+    @contextlib.contextmanager
+    def _engine_archive(self) -> Iterator[None]:
+        """A cut or garbled archive stream is the engine's failure, not the agent's."""
+        import requests
+        try:
+            yield
+        except (tarfile.TarError, requests.RequestException) as exc:
+            raise SandboxError(f"reading files of {self.spec.name} failed: {exc}") from None
 
     async def read_file(self, remote: str, limit: int = FILE_READ_LIMIT) -> bytes | None:
         return await asyncio.to_thread(self._read_blocking, remote, limit)
