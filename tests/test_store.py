@@ -128,3 +128,24 @@ def test_kill_9_then_resume_loses_and_duplicates_nothing(tmp_path):
                for p in (run_dir / "trajectories").glob("shard-*.parquet"))
     assert rows == 39  # no duplicate rows on disk either
     assert all(t.reward.value == 1.0 for t in trajectories)
+
+
+def test_every_dataclass_field_has_a_column():
+    # The Parquet schema is written by hand: a field added to Turn, Segment or Trajectory
+    # without a column (or a column left over after a field went) fails here.
+    import dataclasses
+
+    from skyrl_agent.collector.schema import SCHEMA, SEGMENT, TURN
+
+    def names(struct) -> set[str]:
+        return {struct.field(i).name for i in range(struct.num_fields)}
+
+    reward_columns = {"reward", "reward_components", "reward_reason"}  # Reward, flattened
+    trajectory = {f.name for f in dataclasses.fields(Trajectory)} - {"reward"} | reward_columns
+    assert set(SCHEMA.names) == trajectory
+    assert names(TURN) == {f.name for f in dataclasses.fields(Turn)}
+    assert names(SEGMENT) == {f.name for f in dataclasses.fields(Segment)}
+    # Reward's fields: value, components, reason as the reward_* columns; verify_time_s is read
+    # back from the trajectory's column of that name.
+    assert {f.name for f in dataclasses.fields(Reward)} == {
+        "value", "components", "reason", "verify_time_s"}
