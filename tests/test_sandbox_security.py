@@ -208,14 +208,13 @@ async def test_a_lingering_background_child_ends_at_the_timeout(spec, sandbox_co
 async def test_a_killed_runs_local_sandbox_is_reaped():
     # A run killed with kill -9 leaves its sandbox (processes, cgroup, mounted disk, folder):
     # the next command's reaper removes it, and leaves sandboxes of live runs alone.
-    import subprocess
     import sys
-    import textwrap
-
-    from skyrl_agent.sandboxes.local import reap_stale_sandboxes
-
     import tempfile
+    import textwrap
     from pathlib import Path
+
+    from skyrl_agent.sandboxes.local_disk import reap_stale_sandboxes
+
     work_root = Path(tempfile.mkdtemp(prefix="skyrl-reap-"))  # reachable by the sandbox user
     script = textwrap.dedent(f"""
         import asyncio, os, sys

@@ -16,6 +16,7 @@ from typing import Any
 
 from skyrl_agent.agents.base import Agent, run_agent
 from skyrl_agent.agents.session import LLMSession
+from skyrl_agent.collector.policy import MASKED_FAILURES
 from skyrl_agent.config import RunConfig
 from skyrl_agent.envs.env import Env
 from skyrl_agent.envs.episode import (
@@ -27,11 +28,9 @@ from skyrl_agent.envs.episode import (
 )
 from skyrl_agent.envs.verifier import SEPARATE
 from skyrl_agent.tasks.model import TaskSpec
-from skyrl_agent.types import FailureKind, Trajectory
+from skyrl_agent.types import Trajectory
 
 log = logging.getLogger(__name__)
-MASKED = frozenset({FailureKind.INFRA, FailureKind.UNSUPPORTED, FailureKind.AGENT_TIMEOUT,
-                    FailureKind.AGENT_CRASH})
 SessionFactory = Callable[[Agent, str], LLMSession]
 """Builds the LLM session for an agent and a session id."""
 
@@ -73,7 +72,7 @@ def _trajectory(task: TaskSpec, sample_index: int, agent: Agent, session: LLMSes
                                "verified_separately": float(episode.mode == SEPARATE)}
     if session is not None:
         metrics = {**session.metrics(), **metrics}
-    masked = outcome.failure in MASKED
+    masked = outcome.failure in MASKED_FAILURES
     return Trajectory(
         task_id=task.name, sample_index=sample_index, agent=agent.name,
         segments=session.segments if session is not None else (), reward=episode.reward,

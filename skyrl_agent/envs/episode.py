@@ -102,9 +102,28 @@ class FreshSandboxes:
         return sandbox
 
 
-def _failed(reason: str, failure: FailureKind,
-            finish: FinishReason = FinishReason.SANDBOX_ERROR) -> tuple[Reward, AgentOutcome]:
-    return Reward.failed(reason), AgentOutcome(finish, failure, reason)
+SandboxFailure = SandboxError | UnsupportedEnvironment | ArtifactLimitExceeded
+
+
+def failure_of(exc: SandboxFailure) -> FailureKind:
+    """Whose failure a sandbox exception is: the agent's when its sandbox died or what it left
+    passes the limits, the task's when the backend cannot run it, else the host's."""
+    if isinstance(exc, SandboxDied):
+        return FailureKind.SANDBOX_DIED
+    if isinstance(exc, ArtifactLimitExceeded):
+        return FailureKind.OVER_LIMIT
+    if isinstance(exc, UnsupportedEnvironment):
+        return FailureKind.UNSUPPORTED
+    return FailureKind.INFRA
+
+
+def _outcome(phase: str, exc: SandboxFailure) -> AgentOutcome:
+    return AgentOutcome(FinishReason.SANDBOX_ERROR, failure_of(exc), f"{phase}: {exc}")
+
+
+def _failed(phase: str, exc: SandboxFailure) -> tuple[Reward, AgentOutcome]:
+    outcome = _outcome(phase, exc)
+    return Reward.failed(outcome.reason or phase), outcome
 
 
 async def run_episode(task: TaskSpec, act: Act, sandboxes: SandboxSource,
@@ -118,10 +137,8 @@ async def run_episode(task: TaskSpec, act: Act, sandboxes: SandboxSource,
     started = time.monotonic()
     try:
         sandbox = await sandboxes.acquire(spec)
-    except UnsupportedEnvironment as exc:
-        return EpisodeResult(*_failed(f"sandbox: {exc}", FailureKind.UNSUPPORTED), mode=mode)
-    except SandboxError as exc:
-        return EpisodeResult(*_failed(f"sandbox error: {exc}", FailureKind.INFRA), mode=mode)
+    except (SandboxError, UnsupportedEnvironment) as exc:
+        return EpisodeResult(*_failed("sandbox start", exc), mode=mode)
     sandbox_time = time.monotonic() - started
     agent_started = time.monotonic()
     try:
@@ -148,15 +165,8 @@ async def run_episode(task: TaskSpec, act: Act, sandboxes: SandboxSource,
 async def _act(act: Act, env: Env) -> AgentOutcome:
     try:
         return await act(env)
-    except SandboxDied as exc:
-        return AgentOutcome(FinishReason.SANDBOX_ERROR, FailureKind.SANDBOX_DIED,
-                            f"the sandbox died under the agent: {exc}")
-    except UnsupportedEnvironment as exc:
-        return AgentOutcome(FinishReason.SANDBOX_ERROR, FailureKind.UNSUPPORTED,
-                            f"sandbox: {exc}")
-    except SandboxError as exc:
-        return AgentOutcome(FinishReason.SANDBOX_ERROR, FailureKind.INFRA,
-                            f"sandbox error: {exc}")
+    except (SandboxError, UnsupportedEnvironment) as exc:
+        return _outcome("under the agent", exc)
 
 
 async def _collect(task: TaskSpec, sandbox: Sandbox, verifier: VerifierConfig,
@@ -167,13 +177,8 @@ async def _collect(task: TaskSpec, sandbox: Sandbox, verifier: VerifierConfig,
         await run_collect_hooks(sandbox, task)
         await sandbox.kill_processes()
         return await collect_bundle(sandbox, paths, limits_of(verifier))
-    except SandboxDied as exc:
-        return _failed(f"the agent's sandbox died before verification: {exc}",
-                       FailureKind.SANDBOX_DIED)
-    except ArtifactLimitExceeded as exc:
-        return _failed(f"artifacts over the limit: {exc}", FailureKind.OVER_LIMIT)
-    except SandboxError as exc:
-        return _failed(f"sandbox error: {exc}", FailureKind.INFRA)
+    except (SandboxError, ArtifactLimitExceeded) as exc:
+        return _failed("collecting the artifacts", exc)
 
 
 async def _guarded(verifying: Awaitable[Reward],
@@ -181,10 +186,8 @@ async def _guarded(verifying: Awaitable[Reward],
     """The reward, or the failure that kept the tests from running (whose it was)."""
     try:
         return await verifying, outcome
-    except UnsupportedEnvironment as exc:
-        return _failed(f"verifier: {exc}", FailureKind.UNSUPPORTED)
-    except SandboxError as exc:  # the verifier's sandbox did not start: the host's failure
-        return _failed(f"sandbox error: {exc}", FailureKind.INFRA)
+    except (SandboxError, UnsupportedEnvironment) as exc:  # e.g. its sandbox did not start
+        return _failed("verifier", exc)
 
 
 async def grade(task: TaskSpec, bundle: bytes, sandboxes: SandboxSource) -> Reward:

@@ -25,8 +25,9 @@ import tarfile
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import TypeVar
 
 from skyrl_agent.sandboxes.artifacts import (
     BundleWriter,
@@ -47,6 +48,7 @@ IMAGE_REPO = "skyrl-agent-task"
 LABEL = "skyrl-agent.sandbox"
 _build_locks: dict[tuple[int, str], asyncio.Lock] = {}  # per event loop and tag
 STORAGE_POLL_S = 1.0
+T = TypeVar("T")
 # PID 1: ignores what it can, reaps orphans (bash waits on any child), ends at the deadline.
 KEEPER = ('trap "" HUP INT QUIT TERM USR1 USR2 PIPE; end=$((SECONDS + {seconds})); '
           'while [ "$SECONDS" -lt "$end" ]; do sleep 1; done')
@@ -249,48 +251,33 @@ class DockerSandbox(Sandbox):
                                f"{(made.stderr or made.stdout).strip()[-300:]}")
         await asyncio.to_thread(self.container.put_archive, remote_dir, archive)
 
-    def _archive_chunks(self, remote: str):
+    def _from_archive(self, remote: str, consume: Callable[[Iterable[bytes]], T]) -> T | None:
+        """`consume` over the engine's archive of `remote`; None when the path does not exist.
+        A cut or garbled stream is the engine's failure, not the agent's."""
         import docker
+        import requests
         self._check_alive()
         try:
             stream, _ = self.container.get_archive(remote, chunk_size=1 << 20)
+            return consume(stream)
         except docker.errors.NotFound:
             if self._dead_reason is not None:
                 raise self._died("") from None
             return None
         except docker.errors.APIError as exc:
             raise SandboxError(f"engine error in {self.spec.name}: {exc.explanation}") from None
-        return stream
-
-    def _read_blocking(self, remote: str, limit: int) -> bytes | None:
-        stream = self._archive_chunks(remote)
-        if stream is None:
-            return None
-        with self._engine_archive():
-            return read_tar_file(stream, remote, limit)
-
-    def _collect_blocking(self, remote: str, writer: BundleWriter) -> bool:
-        stream = self._archive_chunks(remote)
-        if stream is None:
-            return False
-        with self._engine_archive():
-            collect_tar_stream(stream, remote, writer)
-        return True
-
-    @contextlib.contextmanager
-    def _engine_archive(self) -> Iterator[None]:
-        """A cut or garbled archive stream is the engine's failure, not the agent's."""
-        import requests
-        try:
-            yield
         except (tarfile.TarError, requests.RequestException) as exc:
             raise SandboxError(f"reading files of {self.spec.name} failed: {exc}") from None
 
     async def read_file(self, remote: str, limit: int = FILE_READ_LIMIT) -> bytes | None:
-        return await asyncio.to_thread(self._read_blocking, remote, limit)
+        return await asyncio.to_thread(
+            self._from_archive, remote, lambda stream: read_tar_file(stream, remote, limit))
 
     async def collect(self, remote: str, writer: BundleWriter) -> bool:
-        return await asyncio.to_thread(self._collect_blocking, remote, writer)
+        def consume(stream: Iterable[bytes]) -> bool:
+            collect_tar_stream(stream, remote, writer)
+            return True
+        return await asyncio.to_thread(self._from_archive, remote, consume) is not None
 
     async def kill_processes(self) -> None:
         self._check_alive()

@@ -21,13 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import marshal
 import os
 import secrets
 import shlex
 import shutil
-import subprocess
 import tempfile
 import time
 import uuid
@@ -50,6 +48,15 @@ from skyrl_agent.sandboxes.base import (
     UnsupportedEnvironment,
 )
 from skyrl_agent.sandboxes.cgroups import Cgroup, cgroups_available
+from skyrl_agent.sandboxes.local_disk import (
+    OWNER_FILE,
+    can_mount,
+    mount_disk,
+    process_identity,
+    remove_tree,
+    sandboxes_folder,
+    unmount,
+)
 from skyrl_agent.sandboxes.local_plan import LocalPlan, plan_local
 
 SANDBOX_UID = 65534  # host uid that sandbox root maps to when skyrl-agent runs as root
@@ -63,10 +70,7 @@ ETC_ENTRIES = ("passwd", "group", "hosts", "nsswitch.conf", "host.conf", "ld.so.
                "services", "magic", "tmux.conf", "vim")
 BASE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             "HOME": "/root", "TERM": "xterm-256color", "LANG": "C.UTF-8", "USER": "root"}
-TRANSFER_LIMIT = 512 * 1024 * 1024
-REPLY_LIMIT = TRANSFER_LIMIT + 1024  # head + tail + cut marker of a capped stream
-OWNER_FILE = "owner"  # "<pid>:<start time>" of the process that made the sandbox, and its id
-log = logging.getLogger(__name__)
+EXTRACT_OUTPUT = 65536  # what tar may say when unpacking
 
 
 @dataclass(frozen=True)
@@ -88,46 +92,6 @@ def _chown_tree(path: Path, uid: int) -> None:
             os.chown(os.path.join(dirpath, name), uid, uid, follow_symlinks=False)
 
 
-def _remove_tree(path: Path) -> None:
-    def make_writable(func, target, _exc):  # a sandbox may leave read-only folders behind
-        os.chmod(os.path.dirname(target), 0o700)
-        func(target)
-    try:
-        shutil.rmtree(path, onexc=make_writable)
-    except OSError:  # a copy still running in a cancelled start() may add files meanwhile
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def _process_identity(pid: int) -> str:
-    """`pid:start-time`, unique for a process's lifetime (a pid alone may be reused)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return f"{pid}:gone"
-    return f"{pid}:{stat.rsplit(') ', 1)[1].split()[19]}"
-
-
-def reap_stale_sandboxes(work_root: Path | None = None) -> int:
-    """Remove local sandboxes whose owner process has exited (a killed run): their processes,
-    cgroups, disks and folders. Returns how many were removed."""
-    base = work_root or Path(tempfile.gettempdir()) / "skyrl-agent-sandboxes"
-    removed = 0
-    for folder in base.glob("*") if base.is_dir() else []:
-        try:
-            owner, sandbox_id = (folder / OWNER_FILE).read_text().split()
-        except (OSError, ValueError):
-            continue
-        if _process_identity(int(owner.split(":")[0])) == owner:
-            continue  # its owner still runs
-        if cgroups_available():
-            Cgroup(sandbox_id).remove()
-        if os.path.ismount(folder / "root"):
-            _unmount(folder / "root")
-        _remove_tree(folder)
-        removed += 1
-    return removed
-
-
 async def _to_thread_to_the_end(function: Callable[..., None], *args: object) -> None:
     """Run `function` in a thread; when cancelled, let it finish before re-raising, so that
     stop() sees everything it did (a disk mounted after stop() ran would never be unmounted)."""
@@ -138,21 +102,6 @@ async def _to_thread_to_the_end(function: Callable[..., None], *args: object) ->
         with contextlib.suppress(Exception):
             await future
         raise
-
-
-def _can_mount() -> bool:
-    """Whether sandbox disks can be loop-mounted ext4 file systems here (root, tools, loop)."""
-    return (os.geteuid() == 0 and shutil.which("mkfs.ext4") is not None
-            and shutil.which("mount") is not None and os.path.exists("/dev/loop-control"))
-
-
-def _unmount(path: Path) -> None:
-    for _ in range(50):
-        if subprocess.run(["umount", str(path)], capture_output=True).returncode == 0:
-            return
-        time.sleep(0.05)  # busy while the last killed process is torn down
-    subprocess.run(["umount", "-l", str(path)], capture_output=True)
-    log.warning("sandbox disk %s was busy; detached it lazily", path)
 
 
 def _host_system_file(remote: str) -> Path | None:
@@ -215,11 +164,11 @@ class LocalSandbox(Sandbox):
                 "bubblewrap (bwrap) is not installed: run scripts/setup.sh as root, "
                 "or apt-get install bubblewrap")
         self._plan = plan_local(self.spec)
-        base = self.config.work_root or Path(tempfile.gettempdir()) / "skyrl-agent-sandboxes"
+        base = sandboxes_folder(self.config.work_root)
         base.mkdir(parents=True, exist_ok=True)
         self._dir = Path(tempfile.mkdtemp(prefix=self.id + "-", dir=base))
         self._dir.chmod(0o711)  # the unprivileged sandbox user must reach root/ to mount it
-        (self._dir / OWNER_FILE).write_text(f"{_process_identity(os.getpid())}\n{self.id}\n")
+        (self._dir / OWNER_FILE).write_text(f"{process_identity(os.getpid())}\n{self.id}\n")
         if os.geteuid() == 0:
             _require_traversable(base)
         await _to_thread_to_the_end(self._mount_disk)
@@ -243,26 +192,12 @@ class LocalSandbox(Sandbox):
                                    f"(exit {result.exit_code}): {result.stderr[-500:]}")
 
     def _mount_disk(self) -> None:
-        """Make root/ a fresh ext4 of storage_mb on a sparse loop file (as root, where loop
-        devices work); otherwise a plain folder bounded by RLIMIT_FSIZE."""
+        """Make root/ a disk of its own where that works; else a plain folder (RLIMIT_FSIZE)."""
         assert self._dir is not None
         self.root.mkdir()
-        if not _can_mount():
-            return
-        image = self._dir / "disk.img"
-        with open(image, "wb") as handle:
-            handle.truncate(self.spec.storage_mb * 1024 * 1024)
-        # No journal and no resize inode: a throwaway disk, made in ~10 ms instead of ~40.
-        mkfs = ["mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal,^resize_inode"]
-        steps = [[*mkfs, str(image)],
-                 ["mount", "-o", "loop,nosuid,nodev", str(image), str(self.root)]]
-        for step in steps:
-            done = subprocess.run(step, capture_output=True, text=True, check=False)
-            if done.returncode != 0:
-                raise SandboxError(f"cannot make the disk of {self.spec.name} "
-                                   f"({step[0]}): {done.stderr.strip()[-300:]}")
-        self._mounted = True
-        (self.root / "lost+found").rmdir()
+        if can_mount():
+            mount_disk(self._dir / "disk.img", self.root, self.spec.storage_mb)
+            self._mounted = True
 
     def _prepare_root(self, plan: LocalPlan) -> None:
         root = self.root
@@ -368,7 +303,9 @@ class LocalSandbox(Sandbox):
                 raise ValueError(header[:80])
             request_id, exit_code, timed_out = int(fields[0]), int(fields[1]), fields[2] == b"1"
             duration_s, out_len, err_len = float(fields[3]), int(fields[4]), int(fields[5])
-            if not 0 <= out_len <= REPLY_LIMIT or not 0 <= err_len <= REPLY_LIMIT:
+            # No stream of a reply is longer than the largest max_output asked, plus its marker.
+            limit = max(self.spec.max_output_bytes, EXTRACT_OUTPUT) + 1024
+            if not 0 <= out_len <= limit or not 0 <= err_len <= limit:
                 raise ValueError(f"reply of {out_len} + {err_len} bytes")
             stdout = await self._proc.stdout.readexactly(out_len)
             stderr = await self._proc.stdout.readexactly(err_len)
@@ -455,7 +392,7 @@ class LocalSandbox(Sandbox):
         directory = shlex.quote(remote_dir)
         result = await self._exec(
             f"mkdir -p {directory} && tar -xf - -C {directory} --no-same-owner",
-            timeout=120, cwd="/", env=None, stdin=archive, max_output=65536)
+            timeout=120, cwd="/", env=None, stdin=archive, max_output=EXTRACT_OUTPUT)
         if result.exit_code != 0 or result.timed_out:
             raise SandboxError(f"unpacking into {remote_dir} failed: "
                                f"{result.stderr.decode(errors='replace').strip()[-300:]}")
@@ -487,7 +424,7 @@ class LocalSandbox(Sandbox):
             await asyncio.to_thread(self._cgroup.remove)
             self._cgroup = None
         if self._mounted:
-            await asyncio.to_thread(_unmount, self.root)
+            await asyncio.to_thread(unmount, self.root)
             self._mounted = False
         if self._dir is not None and self._dir.exists():
-            await asyncio.to_thread(_remove_tree, self._dir)
+            await asyncio.to_thread(remove_tree, self._dir)

@@ -12,7 +12,7 @@ log = logging.getLogger(__name__)
 def reap_leftovers(config: SandboxConfig) -> None:
     """Local: sandboxes whose owner process exited. Docker: containers past their deadline."""
     if config.backend == "local":
-        from skyrl_agent.sandboxes.local import reap_stale_sandboxes
+        from skyrl_agent.sandboxes.local_disk import reap_stale_sandboxes
         removed = reap_stale_sandboxes(config.work_root)
     elif config.backend == "docker":
         from skyrl_agent.sandboxes.docker import reap_expired_containers
