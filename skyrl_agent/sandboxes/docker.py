@@ -55,12 +55,14 @@ KEEPER = ('trap "" HUP INT QUIT TERM USR1 USR2 PIPE; end=$((SECONDS + {seconds})
 # Run as root in the container: SIGKILL all but PID 1 and ourselves until nothing else is left but
 # the keeper's own `sleep` (one kill -1 round is atomic against fork, so no agent process can be
 # that sleep; the stat line is read after its last ") " since a process names its own comm).
-# The scan uses builtins only: a sandbox at its pids limit has no room for a fork.
+# The scan uses builtins only: a sandbox at its pids limit has no room for a fork. Zombies count
+# as left until the keeper reaps them, since they still hold places under the pids limit.
 KILL_ALL = ('for ((round = 0; round < 200; round++)); do kill -9 -1 2>/dev/null; left=0; '
             'for p in /proc/[0-9]*; do p=${p#/proc/}; '
             '[ "$p" = 1 ] || [ "$p" = $$ ] && continue; '
             'read -r stat < /proc/$p/stat 2>/dev/null || continue; rest=${stat##*) }; '
-            'set -- $rest; [ "$2" = 1 ] && [ "${stat#* (sleep) }" != "$stat" ] && continue; '
+            'set -- $rest; [ "$1" != Z ] && [ "$2" = 1 ] && '
+            '[ "${stat#* (sleep) }" != "$stat" ] && continue; '
             'left=$((left + 1)); done; '
             '[ "$left" = 0 ] && exit 0; sleep 0.01; done; echo "$left left"; exit 1')
 
