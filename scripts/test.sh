@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Sets up and runs every test tier: unit, slow, and Docker (engine started here when possible).
-# Extra arguments go to pytest, e.g. scripts/test.sh -m "not docker".
+# Sets up and runs the gates (ruff, mypy) and every test tier: unit, slow, and Docker (engine
+# started here when possible). Extra arguments go to pytest, e.g. scripts/test.sh -m "not docker".
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --dev || exit $?
+.venv/bin/ruff check skyrl_agent tests benchmarks scripts || exit 1
+.venv/bin/mypy || exit 1
 
 started=""
 if [ "$(id -u)" = 0 ] && command -v dockerd >/dev/null; then
@@ -15,11 +17,13 @@ fi
 
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
 status=$?
-# Tests must leave no local sandbox behind: no folder, no mounted disk.
+# Tests must leave no local sandbox behind: no folder, no mounted disk, no cgroup.
 left=$(find "${TMPDIR:-/tmp}/skyrl-agent-sandboxes" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l)
 mounted=$(grep -c skyrl-agent-sandboxes /proc/mounts || true)
-if [ "$left" != 0 ] || [ "$mounted" != 0 ]; then
-  echo "error: the tests left $left local sandbox folders and $mounted mounted sandbox disks" >&2
+cgroups=$(find /sys/fs/cgroup/*/skyrl-agent -mindepth 1 -maxdepth 1 -type d 2>/dev/null | wc -l)
+if [ "$left" != 0 ] || [ "$mounted" != 0 ] || [ "$cgroups" != 0 ]; then
+  echo "error: the tests left $left local sandbox folders, $mounted mounted sandbox disks and" \
+       "$cgroups sandbox cgroups" >&2
   [ $status = 0 ] && status=1
 fi
 [ -n "$started" ] && bash scripts/docker-engine.sh stop

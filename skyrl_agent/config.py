@@ -7,6 +7,7 @@ names the key, so a run never fails an hour in on a typo.
 from __future__ import annotations
 
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,6 +21,21 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+@dataclass(frozen=True)
+class Budgets:
+    """Per-sample budgets a run gets when its config leaves them unset."""
+
+    max_turns: int
+    max_tokens: int
+    max_context_tokens: int
+
+
+EMBEDDED_BUDGETS = Budgets(max_turns=8, max_tokens=256, max_context_tokens=2048)
+"""The embedded CPU model: small, so default runs finish on 2 cores."""
+ENDPOINT_BUDGETS = Budgets(max_turns=50, max_tokens=1024, max_context_tokens=8192)
+"""A model behind an endpoint (vLLM on GPUs, any OpenAI-compatible server)."""
+
+
 def _default_base_images() -> dict[str, str]:
     local = "skyrl-agent/base:bookworm"
     names = ["ubuntu:24.04", "ubuntu:22.04", "debian:bookworm", "debian:bookworm-slim",
@@ -31,7 +47,8 @@ class DockerConfig(_Section):
     """Settings of the `docker` sandbox backend."""
 
     base_images: dict[str, str] = Field(default_factory=_default_base_images)
-    """Public base image -> local tag, used when the public image is not present (offline machines)."""
+    """Public base image -> local tag, used when the public image is not present (offline
+    machines)."""
     build_timeout_s: float = Field(default=900.0, gt=0)
     """Longest a task image build may take."""
     runtime: str | None = None
@@ -95,9 +112,10 @@ class AgentConfig(_Section):
     timeout_s: float | None = Field(default=None, gt=0)
     """Agent deadline; None uses the task's `[agent] timeout_sec` (or 600)."""
     max_turns: int = Field(default=50, gt=0)
-    """Most model calls per trajectory."""
+    """Most model calls per trajectory (default by where the model runs, see Budgets)."""
     max_context_tokens: int = Field(default=8192, ge=256)
-    """Context budget of one LLM session: prompt + reply never exceed it."""
+    """Context budget of one LLM session: prompt + reply never exceed it (default by where the
+    model runs, see Budgets)."""
     summarize_at: float = Field(default=0.85, gt=0, le=1)
     """Summarize when a prompt would pass this fraction of max_context_tokens."""
     max_summaries: int = Field(default=4, ge=0)
@@ -109,24 +127,21 @@ class AgentConfig(_Section):
 class InferenceConfig(_Section):
     """The model endpoint agents talk to."""
 
-    backend: Literal["embedded", "vllm", "openai"] = "embedded"
-    """`embedded` (CPU server started here), `vllm` (GPU), or `openai` (any endpoint, no training)."""
     endpoint: str | None = None
-    """Base URL of a running server; required for `openai`."""
+    """Base URL of a running OpenAI-compatible server; None starts the embedded CPU server."""
     model: str = "smollm2-135m"
     """Model name or local folder."""
     temperature: float = Field(default=1.0, ge=0)
     top_p: float = Field(default=1.0, gt=0, le=1)
     max_tokens: int = Field(default=1024, gt=0)
-    """Most tokens per model call."""
-    num_servers: int = Field(default=1, gt=0)
+    """Most tokens per model call (default by where the model runs, see Budgets)."""
 
 
 class CollectorConfig(_Section):
     """How rollouts are gathered."""
 
-    n_samples_per_task: int = Field(default=4, gt=0)
-    """Group size n: samples per task."""
+    n_samples_per_task: int = Field(default=1, gt=0)
+    """Group size n: samples per task (`rollout --n`)."""
     max_concurrent_sandboxes: int = Field(default=8, gt=0)
     max_inflight_requests: int = Field(default=32, gt=0)
     """Most model calls in flight across all rollouts."""
@@ -139,18 +154,6 @@ class CollectorConfig(_Section):
     """Mask the whole group when one sample is masked."""
 
 
-class TrainerConfig(_Section):
-    """How the policy is updated."""
-
-    backend: Literal["torch", "megatron"] = "torch"
-    algorithm: Literal["grpo", "rloo", "reinforce"] = "grpo"
-    learning_rate: float = Field(default=1e-6, gt=0)
-    groups_per_batch: int = Field(default=4, gt=0)
-    max_staleness: int = Field(default=1, ge=0)
-    """Most policy versions a sample may lag behind the trainer (0 = synchronous)."""
-    steps: int = Field(default=10, gt=0)
-
-
 class RunConfig(_Section):
     """Everything a run needs. Every stage reads its own section."""
 
@@ -160,22 +163,28 @@ class RunConfig(_Section):
     agent: AgentConfig = Field(default_factory=AgentConfig)
     inference: InferenceConfig = Field(default_factory=InferenceConfig)
     collector: CollectorConfig = Field(default_factory=CollectorConfig)
-    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     seed: int = 0
+    """Sampling seed: each sample's requests are seeded from (seed, task, sample index), so the
+    same seed and tasks give the same token ids on a server that honours request seeds."""
     output_dir: Path = Path("runs/latest")
+    """The run directory (`rollout --output`)."""
 
-    @model_validator(mode="after")
-    def _combinations(self) -> RunConfig:
-        if self.inference.backend == "openai" and not self.inference.endpoint:
-            raise ValueError("inference.backend='openai' needs inference.endpoint")
-        if self.trainer.backend == "megatron" and self.inference.backend != "vllm":
-            raise ValueError("trainer.backend='megatron' needs inference.backend='vllm'")
-        if self.trainer.algorithm in ("grpo", "rloo") and self.collector.n_samples_per_task < 2:
-            raise ValueError(
-                f"trainer.algorithm={self.trainer.algorithm!r} compares samples within a group: "
-                "collector.n_samples_per_task must be at least 2"
-            )
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _budgets_by_model(cls, data: Any) -> Any:
+        """Budgets the user left unset follow where the model runs: small on the embedded CPU
+        server (a rollout of the demo set finishes in minutes on 2 cores), large elsewhere."""
+        if not isinstance(data, dict):
+            return data
+        inference = data.get("inference") or {}
+        agent = data.get("agent") or {}
+        if not isinstance(inference, dict) or not isinstance(agent, dict):
+            return data
+        budgets = ENDPOINT_BUDGETS if inference.get("endpoint") else EMBEDDED_BUDGETS
+        return {**data,
+                "inference": {"max_tokens": budgets.max_tokens, **inference},
+                "agent": {"max_turns": budgets.max_turns,
+                          "max_context_tokens": budgets.max_context_tokens, **agent}}
 
 
 def _read_file(path: Path) -> dict[str, Any]:

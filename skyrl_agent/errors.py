@@ -1,4 +1,4 @@
-"""Errors that reach the user as one clear line (exit code 2), never as a traceback."""
+"""Errors that reach the user as one clear line, never as a traceback."""
 
 
 class UserError(Exception):
@@ -15,3 +15,12 @@ class TaskError(UserError):
 
 class PluginNotFound(UserError):
     """An unknown agent, sandbox or task-source name."""
+
+
+class RunStopped(Exception):
+    """A run that had to stop for a reason outside the user's input (its model server died, a
+    SIGTERM). Stored work is kept and the same command resumes. The CLI prints one line."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code

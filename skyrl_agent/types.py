@@ -62,7 +62,8 @@ class Reward:
     """The verifier's verdict on one trajectory."""
 
     value: float
-    """The scalar used for training: reward.json's `reward` key, its only key, or the mean of its keys."""
+    """The scalar used for training: reward.json's `reward` key, its only key, or the mean of its
+    keys."""
     components: Mapping[str, float] = field(default_factory=dict)
     """Every number the verifier wrote (reward.json keys, or {"reward": x} for reward.txt)."""
     reason: str | None = None
@@ -90,7 +91,8 @@ class Turn:
     completion_ids: tuple[int, ...]
     """The ids the model sampled, as the server returned them (never re-tokenized)."""
     completion_logprobs: tuple[float, ...]
-    """Log-probability of each sampled id under the sampling policy; same length as completion_ids."""
+    """Log-probability of each sampled id under the sampling policy; same length as
+    completion_ids."""
     loss_mask: tuple[int, ...]
     """1 for tokens trained on (sampled tokens), 0 for the rest; same length as completion_ids."""
     policy_version: int
@@ -132,7 +134,8 @@ class Segment:
     def new_inputs(self) -> list[tuple[int, ...]]:
         """Per turn, the prompt ids that the previous prompt + completion did not already hold
         (the whole prompt for the first turn): the observation the agent added."""
-        inputs, history = [], ()
+        inputs: list[tuple[int, ...]] = []
+        history: tuple[int, ...] = ()
         for turn in self.turns:
             inputs.append(turn.prompt_ids[len(history):])
             history = turn.prompt_ids + turn.completion_ids

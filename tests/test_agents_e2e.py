@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from skyrl_agent.collector.store import TrajectoryStore
+from skyrl_agent.data.store import TrajectoryStore
 from skyrl_agent.inference.process import embedded_server
 from tests.conftest import REPO
 

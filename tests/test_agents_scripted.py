@@ -35,13 +35,13 @@ DEFAULT_SESSION = SessionConfig(max_tokens=400)
 
 async def rollout(agent, task_name, script, tokenizer, session=DEFAULT_SESSION,
                   config: RunConfig | None = None):
-    async with ScriptedServer(tokenizer, script) as server:
-        async with InferenceClient([server.url]) as client:
-            def sessions(agent, session_id):
-                return LLMSession(client, tokenizer, session, tools=agent.tools,
-                                  session_id=session_id)
-            trajectory = await run_rollout(find_task(task_name), 0, agent, config or RunConfig(),
-                                           sessions)
+    async with (ScriptedServer(tokenizer, script) as server,
+                InferenceClient([server.url]) as client):
+        def sessions(agent, session_id):
+            return LLMSession(client, tokenizer, session, tools=agent.tools,
+                              session_id=session_id)
+        trajectory = await run_rollout(find_task(task_name), 0, agent, config or RunConfig(),
+                                       sessions)
     prompts = [tokenizer.decode(p) for p in server.prompts]
     return trajectory, prompts
 
@@ -109,7 +109,7 @@ def overflow_script(busy: str, solve: str, done: list[str]) -> tuple:
 
 async def check_summarized(trajectory, prompts):
     assert len(trajectory.segments) == 2, trajectory.metrics
-    first, second = trajectory.segments
+    first, _ = trajectory.segments
     assert first.summary_turn_index == len(first.turns) - 1
     assert trajectory.metrics["summaries"] == 1
     restart = [p for p in prompts if "Summary of your earlier work" in p]

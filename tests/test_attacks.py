@@ -17,9 +17,10 @@ import uuid
 import pytest
 
 from skyrl_agent.agents.oracle import OracleAgent
+from skyrl_agent.collector.check import check_tasks
 from skyrl_agent.collector.collector import Collector
-from skyrl_agent.collector.store import TrajectoryStore
 from skyrl_agent.config import RunConfig, SandboxConfig, VerifierConfig
+from skyrl_agent.data.store import TrajectoryStore
 from skyrl_agent.evaluation.regrade import regrade
 from skyrl_agent.sandboxes.artifacts import (
     ArtifactLimits,
@@ -29,7 +30,6 @@ from skyrl_agent.sandboxes.artifacts import (
 )
 from skyrl_agent.sandboxes.base import SandboxDied, SandboxSpec, create_sandbox
 from skyrl_agent.tasks import load_task
-from skyrl_agent.tasks.check import check_tasks
 from skyrl_agent.types import FailureKind
 from tests.attack_tasks import HONEST_TEST, make_attack_tasks
 from tests.helpers import make_task

@@ -83,7 +83,7 @@ def test_unknown_agent():
 @pytest.mark.parametrize("override, needle", [
     ("sandbox.colour=blue", "sandbox.colour: unknown key"),
     ("sandbox.pids_limit=-3", "sandbox.pids_limit"),
-    ("trainer.backend=megatron", "inference.backend='vllm'"),
+    ("collector.n_samples_per_task=0", "collector.n_samples_per_task"),
 ])
 def test_bad_config_override(override, needle):
     assert_one_line_error(run("tasks", "check", "demo", "--set", override), needle)

@@ -12,8 +12,8 @@ from skyrl_agent import plugins
 from skyrl_agent.agents.oracle import OracleAgent
 from skyrl_agent.collector.collector import Collector
 from skyrl_agent.collector.policy import FailurePolicy
-from skyrl_agent.collector.store import TrajectoryStore
 from skyrl_agent.config import CollectorConfig, RunConfig
+from skyrl_agent.data.store import TrajectoryStore
 from skyrl_agent.sandboxes.base import SandboxError
 from skyrl_agent.sandboxes.local import LocalSandbox
 from skyrl_agent.tasks import resolve_tasks

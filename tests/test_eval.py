@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from skyrl_agent.collector.final_state import state_path
-from skyrl_agent.collector.store import TrajectoryStore
+from skyrl_agent.data.run_dir import RunDir
+from skyrl_agent.data.store import TrajectoryStore
 from skyrl_agent.evaluation.stats import pass_at_k, summarize
 from tests.test_store import make_trajectory
 
@@ -117,9 +117,10 @@ def test_bad_run_directories_give_one_clear_line(tmp_path):
     result = cli("eval", str(tmp_path / "run"))
     assert result.returncode == 0 and bad.name in result.stderr
     assert "2 trajectories" in result.stdout  # the other shard is still read
-    (tmp_path / "run" / "trajectories" / "index.json").write_text("{not json")
+    (tmp_path / "run" / "trajectories" / "index.jsonl").write_text(
+        '{not json\n{"shard": "x", "keys": []}\n')
     result = cli("eval", str(tmp_path / "run"))
-    assert result.returncode == 2 and "index.json is corrupted" in result.stderr
+    assert result.returncode == 2 and "index.jsonl is corrupted at line 1" in result.stderr
 
 
 @pytest.mark.slow
@@ -133,8 +134,8 @@ def test_regrade_uses_the_stored_final_state(tmp_path):
                  "--set", 'tasks.include=["hello-file"]')
     assert result.returncode == 0, result.stderr
     # Swap in the untouched (nop) state for one sample: its re-grade must drop to 0.
-    shutil.copy(state_path(nop_dir, "demo/hello-file", 0),
-                state_path(run_dir, "demo/hello-file", 0))
+    shutil.copy(RunDir(nop_dir).state_path("demo/hello-file", 0),
+                RunDir(run_dir).state_path("demo/hello-file", 0))
     result = cli("eval", str(run_dir), "--regrade")
     assert result.returncode == 0, result.stderr
     assert "re-graded 2 of 2; 1 agree" in result.stdout

@@ -64,7 +64,8 @@ async def test_no_writes_outside_the_sandbox(spec, sandbox_config, tmp_path):
         own = await sandbox.exec("echo ok > /app/mine && cat /app/mine", timeout=10)
     # The host is untouched on every backend (a container may write its own copy of /usr).
     assert not os.path.exists("/usr/pwned")
-    assert "x" not in open("/etc/passwd").read().splitlines()
+    with open("/etc/passwd") as passwd:
+        assert "x" not in passwd.read().splitlines()
     assert not (host_dir / "pwned").exists()
     assert own.ok and own.stdout.strip() == "ok"
     if sandbox_config.backend == "local":  # host system dirs are mounted read-only

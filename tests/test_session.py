@@ -32,7 +32,7 @@ def test_incremental_rendering_equals_a_full_render(tokenizer):
     eos = tokenizer.eos_token_id
     for reply, following in [(CONVERSATION[2], CONVERSATION[3:4]),
                              (CONVERSATION[4], CONVERSATION[5:6])]:
-        completion = tokenizer.encode(reply["content"], add_special_tokens=False) + [eos]
+        completion = [*tokenizer.encode(reply["content"], add_special_tokens=False), eos]
         ids = ids + completion + renderer.extend(completion, following)
     full = tokenizer.apply_chat_template(CONVERSATION, tokenize=False, add_generation_prompt=True)
     assert ids == tokenizer.encode(full, add_special_tokens=False)
@@ -53,12 +53,12 @@ def test_templates_without_chat_support_are_refused(tokenizer, tiny_model_dir):
 
 
 async def test_session_records_a_growing_token_sequence(tokenizer):
-    async with ScriptedServer(tokenizer, replies("first", "second", "third")) as server:
-        async with InferenceClient([server.url]) as client:
-            session = LLMSession(client, tokenizer, SessionConfig(max_tokens=50))
-            await session.chat(CONVERSATION[:2])
-            await session.chat([{"role": "user", "content": "more"}])
-            reply = await session.chat([{"role": "user", "content": "again"}])
+    async with (ScriptedServer(tokenizer, replies("first", "second", "third")) as server,
+                InferenceClient([server.url]) as client):
+        session = LLMSession(client, tokenizer, SessionConfig(max_tokens=50))
+        await session.chat(CONVERSATION[:2])
+        await session.chat([{"role": "user", "content": "more"}])
+        reply = await session.chat([{"role": "user", "content": "again"}])
     assert reply.text == "third"
     (segment,) = session.segments
     assert segment.is_token_consistent() and len(segment.turns) == 3
@@ -69,8 +69,8 @@ async def test_session_records_a_growing_token_sequence(tokenizer):
 
 
 async def test_a_first_prompt_beyond_the_context_overflows(tokenizer):
-    async with ScriptedServer(tokenizer, replies("x")) as server:
-        async with InferenceClient([server.url]) as client:
-            session = LLMSession(client, tokenizer, SessionConfig(max_context_tokens=256))
-            with pytest.raises(ContextOverflow):
-                await session.chat([{"role": "user", "content": "word " * 400}])
+    async with (ScriptedServer(tokenizer, replies("x")) as server,
+                InferenceClient([server.url]) as client):
+        session = LLMSession(client, tokenizer, SessionConfig(max_context_tokens=256))
+        with pytest.raises(ContextOverflow):
+            await session.chat([{"role": "user", "content": "word " * 400}])

@@ -12,7 +12,7 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-from skyrl_agent.collector.store import StoreError, TrajectoryStore
+from skyrl_agent.data.store import StoreError, TrajectoryStore
 from skyrl_agent.types import FinishReason, Reward, Segment, Trajectory, Turn
 
 
@@ -51,16 +51,20 @@ def test_datasets_reads_the_shards(tmp_path):
     files = [str(p) for p in (tmp_path / "trajectories").glob("shard-*.parquet")]
     loaded = datasets.load_dataset("parquet", data_files=files, split="train")
     assert loaded[0]["segments"][0]["turns"][0]["completion_ids"] == [4, 5]
+    # Metrics and reward components arrive as numbers, not as JSON text to parse.
+    assert {e["name"]: e["value"] for e in loaded[0]["metrics"]} == {"turns": 3.0,
+                                                                      "drift_tokens": 0.0}
+    frame = pq.read_table(files[0]).to_pandas()
+    assert [e["value"] for e in frame["reward_components"][0]] == [1.0, 0.5]
 
 
 def test_a_shard_missing_from_the_index_is_adopted_or_dropped(tmp_path):
     store = TrajectoryStore(tmp_path, writable=True)
     store.append([make_trajectory("demo/a", 0)])
     shard = store.append([make_trajectory("demo/a", 1)])
-    index = tmp_path / "trajectories" / "index.json"
-    data = json.loads(index.read_text())
-    del data["shards"][shard.name]  # as if we crashed between the shard and the index
-    index.write_text(json.dumps(data))
+    index = tmp_path / "trajectories" / "index.jsonl"
+    lines = [ln for ln in index.read_text().splitlines() if shard.name not in ln]
+    index.write_text("".join(f"{ln}\n" for ln in lines))  # crashed between shard and index
     store.close()
     store = TrajectoryStore(tmp_path, writable=True)
     assert len(store) == 2
@@ -93,6 +97,35 @@ def test_one_writer_at_a_time(tmp_path):
     first.close()
 
 
+def test_a_torn_last_index_line_is_repaired_and_appending_goes_on(tmp_path):
+    store = TrajectoryStore(tmp_path, writable=True)
+    store.append([make_trajectory("demo/a", 0)])
+    store.append([make_trajectory("demo/a", 1)])
+    store.close()
+    index = tmp_path / "trajectories" / "index.jsonl"
+    text = index.read_text()
+    index.write_text(text[:-9])  # a crash in the middle of the last line
+    assert TrajectoryStore(tmp_path).keys() == {("demo/a", 0)}  # readers skip the torn line
+    store = TrajectoryStore(tmp_path, writable=True)  # the writer adopts its shard again
+    store.append([make_trajectory("demo/a", 2)])
+    store.close()
+    assert TrajectoryStore(tmp_path).keys() == {("demo/a", 0), ("demo/a", 1), ("demo/a", 2)}
+
+
+def test_append_adds_one_index_line_and_never_a_held_key(tmp_path):
+    """The index grows by one line per shard (no rewrite per append), and a key already held
+    is not written again (load() de-duplicating would hide that)."""
+    store = TrajectoryStore(tmp_path, writable=True)
+    store.append([make_trajectory("demo/a", 0)])
+    assert store.append([make_trajectory("demo/a", 0)]) is None
+    store.append([make_trajectory("demo/a", 0), make_trajectory("demo/a", 1)])
+    index = tmp_path / "trajectories" / "index.jsonl"
+    assert len(index.read_text().splitlines()) == 2
+    rows = sum(pq.read_metadata(p).num_rows
+               for p in (tmp_path / "trajectories").glob("shard-*.parquet"))
+    assert rows == 2
+
+
 @pytest.mark.slow
 def test_kill_9_then_resume_loses_and_duplicates_nothing(tmp_path):
     run_dir = tmp_path / "run"
@@ -101,16 +134,14 @@ def test_kill_9_then_resume_loses_and_duplicates_nothing(tmp_path):
                "--output", str(run_dir)]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                start_new_session=True)
-    index = run_dir / "trajectories" / "index.json"
+    index = run_dir / "trajectories" / "index.jsonl"
     deadline = time.monotonic() + 240
     stored_before_kill = 0
     while time.monotonic() < deadline and process.poll() is None:
         if index.exists():
-            try:
-                shards = json.loads(index.read_text())["shards"]
-                stored_before_kill = sum(len(keys) for keys in shards.values())
-            except ValueError:
-                pass
+            lines = index.read_text().splitlines()
+            stored_before_kill = sum(len(json.loads(ln)["keys"]) for ln in lines
+                                     if ln.endswith("}"))
         if stored_before_kill >= 6:
             break
         time.sleep(0.05)
@@ -135,7 +166,7 @@ def test_every_dataclass_field_has_a_column():
     # without a column (or a column left over after a field went) fails here.
     import dataclasses
 
-    from skyrl_agent.collector.schema import SCHEMA, SEGMENT, TURN
+    from skyrl_agent.data.schema import SCHEMA, SEGMENT, TURN
 
     def names(struct) -> set[str]:
         return {struct.field(i).name for i in range(struct.num_fields)}

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from skyrl_agent.types import (FinishReason, Reward, Segment, Trajectory, TrajectoryGroup, Turn)
+from skyrl_agent.types import FinishReason, Reward, Segment, Trajectory, TrajectoryGroup, Turn
 
 
 def turn(prompt, completion, version=0) -> Turn:

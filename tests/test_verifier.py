@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from skyrl_agent.config import SandboxConfig, VerifierConfig
-from skyrl_agent.envs.episode import AgentOutcome, FreshSandboxes, run_episode
+from skyrl_agent.envs.episode import AgentOutcome, fresh_sandboxes, run_episode
 from skyrl_agent.envs.verifier import parse_reward_json
 from skyrl_agent.tasks import load_task
 from skyrl_agent.types import FinishReason
@@ -24,7 +24,7 @@ async def verify_task(tmp_path, test_sh: str, config: SandboxConfig, agent_cmd: 
             await env.exec(agent_cmd, timeout=30)
         return AgentOutcome(FinishReason.STOP)
 
-    episode = await run_episode(task, act, FreshSandboxes(config),
+    episode = await run_episode(task, act, fresh_sandboxes(config),
                                 VerifierConfig(default_mode=mode))
     assert episode.mode == mode
     return episode.reward
@@ -99,5 +99,5 @@ async def test_declared_artifacts_alone_reach_the_verifier(tmp_path, backend):
         return AgentOutcome(FinishReason.STOP)
 
     episode = await run_episode(load_task(task_dir), act,
-                                FreshSandboxes(SandboxConfig(backend=backend)), VerifierConfig())
+                                fresh_sandboxes(SandboxConfig(backend=backend)), VerifierConfig())
     assert episode.reward.value == 1.0, episode.reward.reason

@@ -64,7 +64,7 @@ async def run_agent(agent: Agent, env: Env, llm: LLMSession | None,
         raise
     except InferenceError as exc:
         return AgentOutcome(FinishReason.ERROR, FailureKind.INFRA, f"model server: {exc}")
-    except Exception as exc:  # noqa: BLE001 - an agent bug must not stop the other rollouts
+    except Exception as exc:
         log.warning("agent %s crashed on %s", agent.name, env.task.name, exc_info=True)
         return AgentOutcome(FinishReason.ERROR, FailureKind.AGENT_CRASH,
                             f"agent crashed: {type(exc).__name__}: {exc}")

@@ -15,11 +15,12 @@ from typing import Any
 
 from skyrl_agent.agents.base import Agent
 from skyrl_agent.agents.session import LLMSession
-from skyrl_agent.collector import final_state
 from skyrl_agent.collector.policy import FailurePolicy
 from skyrl_agent.collector.rollout import SessionFactory, make_agent, run_rollout
-from skyrl_agent.collector.store import TrajectoryStore
 from skyrl_agent.config import RunConfig
+from skyrl_agent.data.run_dir import RunDir
+from skyrl_agent.data.store import TrajectoryStore
+from skyrl_agent.sandboxes.pool import SandboxPool
 from skyrl_agent.tasks.model import TaskSpec
 from skyrl_agent.types import Trajectory, TrajectoryGroup
 
@@ -40,6 +41,9 @@ class Collector:
         self._sandboxes = asyncio.Semaphore(config.collector.max_concurrent_sandboxes)
         self._requests = asyncio.Semaphore(config.collector.max_inflight_requests)
         self._sessions = self._bounded(sessions) if sessions else None
+        self.sandboxes = SandboxPool(config.sandbox, size=config.sandbox.warm_pool,
+                                     start_timeout_s=config.collector.sandbox_start_timeout_s)
+        """Where samples get their sandboxes: the warm pool (size 0 = a fresh one each)."""
 
     def _bounded(self, sessions: SessionFactory) -> SessionFactory:
         def factory(agent: Agent, session_id: str) -> LLMSession:
@@ -51,7 +55,10 @@ class Collector:
     async def run(self, tasks: list[TaskSpec], n: int) -> list[TrajectoryGroup]:
         """Every task n times (skipping stored samples); returns the groups in task order."""
         stored = {(t.task_id, t.sample_index): t for t in self.store.load().trajectories}
-        groups = await asyncio.gather(*[self._task(task, n, stored) for task in tasks])
+        try:
+            groups = await asyncio.gather(*[self._task(task, n, stored) for task in tasks])
+        finally:
+            await asyncio.shield(self.sandboxes.close())
         return list(groups)
 
     async def _task(self, task: TaskSpec, n: int,
@@ -73,7 +80,8 @@ class Collector:
                 agent = make_agent(self.agent_cls, self.config)
                 trajectory = await run_rollout(
                     task, index, agent, self.config, self._sessions,
-                    keep_state=final_state.state_path(self.store.run_dir, task.name, index))
+                    keep_state=RunDir(self.store.run_dir).state_path(task.name, index),
+                    sandboxes=self.sandboxes)
             if not self.policy.should_retry(trajectory, retries):
                 break
             retries += 1

@@ -16,7 +16,6 @@ import dataclasses
 from skyrl_agent.config import CollectorConfig
 from skyrl_agent.types import FailureKind, FinishReason, Reward, Trajectory, TrajectoryGroup
 
-
 MASKED_FAILURES = frozenset({FailureKind.INFRA, FailureKind.UNSUPPORTED,
                              FailureKind.AGENT_TIMEOUT, FailureKind.AGENT_CRASH})
 """Failures that carry no gradient; the others (sandbox_died, over_limit) score 0 and are kept."""

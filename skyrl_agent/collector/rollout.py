@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,8 +23,8 @@ from skyrl_agent.envs.env import Env
 from skyrl_agent.envs.episode import (
     AgentOutcome,
     EpisodeResult,
-    FreshSandboxes,
     SandboxSource,
+    fresh_sandboxes,
     run_episode,
 )
 from skyrl_agent.envs.verifier import SEPARATE
@@ -35,9 +36,15 @@ SessionFactory = Callable[[Agent, str], LLMSession]
 """Builds the LLM session for an agent and a session id."""
 
 
+def sample_seed(run_seed: int, task_id: str, sample_index: int) -> int:
+    """The sampling seed of one sample: the same run seed, task and index give the same tokens
+    (on a server that honours per-request seeds), whatever order samples run in."""
+    return zlib.crc32(f"{run_seed}/{task_id}/{sample_index}".encode())
+
+
 def make_agent(agent_cls: type[Agent], config: RunConfig) -> Agent:
     try:
-        return agent_cls(max_turns=config.agent.max_turns)  # type: ignore[call-arg]
+        return agent_cls(max_turns=config.agent.max_turns)
     except TypeError:  # a plug-in agent with its own constructor
         return agent_cls()
 
@@ -51,8 +58,10 @@ async def run_rollout(task: TaskSpec, sample_index: int, agent: Agent, config: R
     """
     session_id = f"{task.name}#{sample_index}#{time.monotonic_ns()}"
     session = sessions(agent, session_id) if agent.needs_model and sessions else None
+    if session is not None:
+        session.seed = sample_seed(config.seed, task.name, sample_index)
     timeout = config.agent.timeout_s or task.agent_timeout_s
-    source = sandboxes or FreshSandboxes(config.sandbox, config.collector.sandbox_start_timeout_s)
+    source = sandboxes or fresh_sandboxes(config.sandbox, config.collector.sandbox_start_timeout_s)
 
     async def act(env: Env) -> AgentOutcome:
         return await run_agent(agent, env, session, timeout)

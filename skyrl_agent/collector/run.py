@@ -1,7 +1,7 @@
-"""`skyrl-agent rollout`: tasks x n rollouts against a model server, stored in a run directory.
+"""A rollout job: tasks x n samples against a model server, stored in a run directory.
 
-The model server is the embedded one, started here, unless an endpoint is given. Trajectories go
-to the run's TrajectoryStore as each finishes; running the same command again on the same run
+The model server is the embedded one, started and supervised here, unless an endpoint is given.
+Trajectories go to the run's TrajectoryStore as each finishes; the same job on the same run
 directory resumes it, skipping the samples already stored.
 """
 
@@ -11,43 +11,48 @@ import asyncio
 import contextlib
 import dataclasses
 import json
-from collections.abc import AsyncIterator, Callable
+import logging
+from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from skyrl_agent.agents.base import Agent
+from skyrl_agent.agents.base import Agent, agent_class
 from skyrl_agent.agents.session import LLMSession, SessionConfig
 from skyrl_agent.collector.collector import Collector, missing_samples
 from skyrl_agent.collector.rollout import SessionFactory
-from skyrl_agent.collector.store import TrajectoryStore
-from skyrl_agent.config import RunConfig, load_config
-from skyrl_agent.errors import UserError
+from skyrl_agent.config import RunConfig
+from skyrl_agent.data.run_dir import RunDir, RunRecord
+from skyrl_agent.data.store import TrajectoryStore
+from skyrl_agent.errors import RunStopped
 from skyrl_agent.inference.client import InferenceClient
-from skyrl_agent.types import Trajectory, TrajectoryGroup
+from skyrl_agent.inference.process import ServerProcess
+from skyrl_agent.tasks.model import TaskSpec
+from skyrl_agent.types import Trajectory
 
-CONFIG_FILE = "config.json"
+log = logging.getLogger(__name__)
+SERVER_POLL_S = 0.25
+"""How often a supervised server is checked: its death stops the run within this."""
 
 
-def prepare_run_dir(path: Path, settings: RunConfig, n: int) -> None:
-    """Create a run dir, or check that an existing one was made by the same settings (resume)."""
-    # Concurrency may change between a run and its resumption; what is sampled may not.
-    record = {"n": n, "config": json.loads(settings.model_dump_json(exclude={"collector"}))}
-    config_path = path / CONFIG_FILE
-    if config_path.exists():
-        try:
-            before = json.loads(config_path.read_text())
-        except ValueError:
-            raise UserError(f"{config_path} is corrupted; choose another --output") from None
-        if before != record:
-            raise UserError(f"{path} holds a run with other settings; resume it with the same "
-                            "command or choose another --output")
-        return
-    path.mkdir(parents=True, exist_ok=True)
-    config_path.write_text(json.dumps(record, indent=2))
+@dataclass
+class ModelAccess:
+    """What agents reach the model through: a session factory, and the server started for them
+    (None when the endpoint runs elsewhere)."""
+
+    sessions: SessionFactory
+    server: ServerProcess | None
+
+
+def record_of(settings: RunConfig, n: int) -> RunRecord:
+    """What a run dir pins: what is sampled. Concurrency and where the run dir lives may change
+    between a run and its resumption."""
+    config = json.loads(settings.model_dump_json(exclude={"collector", "output_dir"}))
+    return RunRecord(n=n, config=config)
 
 
 @contextlib.asynccontextmanager
-async def model_sessions(config: RunConfig, run_dir: Path) -> AsyncIterator[SessionFactory]:
+async def model_sessions(config: RunConfig, run_dir: Path) -> AsyncIterator[ModelAccess]:
     """A session factory over the configured endpoint, or over an embedded server started here."""
     from transformers import AutoTokenizer
 
@@ -59,14 +64,17 @@ async def model_sessions(config: RunConfig, run_dir: Path) -> AsyncIterator[Sess
     server = None
     urls = [inference.endpoint] if inference.endpoint else []
     if not urls:
-        server = embedded_server(inference.model, log_path=run_dir / "server.log")
+        server = embedded_server(inference.model, log_path=RunDir(run_dir).server_log)
+        log.info("starting the embedded model server (%s)", inference.model)
         urls = [await asyncio.to_thread(server.start)]
+        log.info("embedded model server ready at %s", urls[0])
     budget = config.agent
     session_config = SessionConfig(
         max_context_tokens=budget.max_context_tokens, max_tokens=inference.max_tokens,
         temperature=inference.temperature, top_p=inference.top_p,
-        summarize_at=budget.summarize_at, max_summaries=budget.max_summaries,
-        **({"summary_prompt": budget.summary_prompt} if budget.summary_prompt else {}))
+        summarize_at=budget.summarize_at, max_summaries=budget.max_summaries)
+    if budget.summary_prompt:
+        session_config = dataclasses.replace(session_config, summary_prompt=budget.summary_prompt)
     try:
         async with InferenceClient(urls) as client:
             served = await client.max_model_len()
@@ -76,45 +84,76 @@ async def model_sessions(config: RunConfig, run_dir: Path) -> AsyncIterator[Sess
             def factory(agent: Agent, session_id: str) -> LLMSession:
                 return LLMSession(client, tokenizer, session_config, tools=agent.tools,
                                   session_id=session_id)
-            yield factory
+            yield ModelAccess(factory, server)
     finally:
         if server is not None:
             await asyncio.to_thread(server.stop)
 
 
-def rollout_command(config_path: Path | None, overrides: list[str], n: int, output: Path,
-                    run_with_progress: Callable[..., list[Trajectory]],
-                    ) -> list[Trajectory]:
-    """Validate everything first (one-line errors), then run with a progress display."""
-    from skyrl_agent.agents.base import agent_class
-    from skyrl_agent.sandboxes.base import sandbox_backend
-    from skyrl_agent.sandboxes.reaper import reap_leftovers
-    from skyrl_agent.tasks import resolve_tasks
-
-    settings = load_config(config_path, overrides)
-    agent_cls = agent_class(settings.agent.name)
-    sandbox_backend(settings.sandbox.backend)
-    tasks = resolve_tasks(settings.tasks.source, settings.tasks.include, settings.tasks.limit)
-    prepare_run_dir(output, settings, n)
-    store = TrajectoryStore(output, writable=True)
-    reap_leftovers(settings.sandbox)
-
-    pending = missing_samples(store, tasks, n)
-
-    async def run(on_done: Callable[[Trajectory], Any]) -> list[Trajectory]:
-        async def collect(sessions: SessionFactory | None) -> list[TrajectoryGroup]:
-            return await Collector(settings, agent_cls, store, sessions, on_done).run(tasks, n)
-
-        if pending and agent_cls.needs_model:  # no server needed to finish a finished run
-            async with model_sessions(settings, output) as sessions:
-                groups = await collect(sessions)
-        else:
-            groups = await collect(None)
-        return [t for group in groups for t in group.trajectories]
-
+async def supervised[T](work: Coroutine[Any, Any, T], server: ServerProcess | None) -> T:
+    """Run `work` while `server` lives. If the server exits, `work` is cancelled (its sandboxes
+    stop; finished samples are already stored) and the run stops with one line."""
+    task = asyncio.ensure_future(work)
     try:
-        trajectories = run_with_progress(run, len(pending))
-        store.compact()  # one shard per trajectory while running; one file for readers after
-        return trajectories
+        while server is not None and not task.done():
+            await asyncio.wait({task}, timeout=SERVER_POLL_S)
+            if not task.done() and not server.running:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                raise RunStopped(
+                    f"the model server exited (status {server.returncode}; its log: "
+                    f"{server.log_path}); stored samples are kept: run the same command to resume")
+        return await task
     finally:
-        store.close()
+        task.cancel()
+
+
+@dataclass(frozen=True)
+class RolloutResult:
+    trajectories: list[Trajectory]
+    """Every trajectory of the run, stored before or now, in task order."""
+    pool_hits: int
+    """Samples that got a warm sandbox from the pool."""
+    pool_misses: int
+    """Samples that had to start one."""
+
+
+class Rollout:
+    """One rollout job: validated before any work (one-line errors), the store held for writing
+    from construction until close()."""
+
+    def __init__(self, settings: RunConfig, n: int, output: Path) -> None:
+        from skyrl_agent.sandboxes.base import sandbox_backend
+        from skyrl_agent.sandboxes.reaper import reap_leftovers
+        from skyrl_agent.tasks import resolve_tasks
+
+        self.settings = settings
+        self.n = n
+        self.run_dir = RunDir(output)
+        self.agent_cls = agent_class(settings.agent.name)
+        sandbox_backend(settings.sandbox.backend)
+        self.tasks: list[TaskSpec] = resolve_tasks(
+            settings.tasks.source, settings.tasks.include, settings.tasks.limit)
+        self.run_dir.prepare(record_of(settings, n))
+        self.store = TrajectoryStore(output, writable=True)
+        reap_leftovers(settings.sandbox)
+        self.pending = missing_samples(self.store, self.tasks, n)
+        """The (task, sample) pairs still to run."""
+
+    async def run(self, on_done: Callable[[Trajectory], Any]) -> RolloutResult:
+        """Run every pending sample; finished trajectories are stored before `on_done` sees them."""
+        if self.pending and self.agent_cls.needs_model:  # a finished run needs no server
+            async with model_sessions(self.settings, self.run_dir.path) as model:
+                collector = Collector(self.settings, self.agent_cls, self.store, model.sessions,
+                                      on_done)
+                groups = await supervised(collector.run(self.tasks, self.n), model.server)
+        else:
+            collector = Collector(self.settings, self.agent_cls, self.store, None, on_done)
+            groups = await collector.run(self.tasks, self.n)
+        await asyncio.to_thread(self.store.compact)  # one file for readers, not one per sample
+        return RolloutResult([t for group in groups for t in group.trajectories],
+                             collector.sandboxes.hits, collector.sandboxes.misses)
+
+    def close(self) -> None:
+        self.store.close()

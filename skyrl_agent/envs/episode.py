@@ -41,8 +41,8 @@ from skyrl_agent.sandboxes.base import (
     SandboxError,
     SandboxSpec,
     UnsupportedEnvironment,
-    create_sandbox,
 )
+from skyrl_agent.sandboxes.pool import SandboxPool
 from skyrl_agent.tasks.model import TaskSpec
 from skyrl_agent.types import FailureKind, FinishReason, Reward
 
@@ -75,31 +75,16 @@ Act = Callable[[Env], Awaitable[AgentOutcome]]
 
 
 class SandboxSource(Protocol):
-    """Hands out started sandboxes (a SandboxPool, or FreshSandboxes)."""
+    """Hands out started sandboxes (a SandboxPool, or fresh_sandboxes)."""
 
     config: SandboxConfig
 
     async def acquire(self, spec: SandboxSpec) -> Sandbox: ...
 
 
-class FreshSandboxes:
-    """Starts a new sandbox per acquire, within a deadline."""
-
-    def __init__(self, config: SandboxConfig, start_timeout_s: float = 900.0) -> None:
-        self.config = config
-        self.start_timeout_s = start_timeout_s
-
-    async def acquire(self, spec: SandboxSpec) -> Sandbox:
-        sandbox = create_sandbox(spec, self.config)
-        try:
-            await asyncio.wait_for(sandbox.start(), self.start_timeout_s)
-        except TimeoutError:
-            await asyncio.shield(sandbox.stop())
-            raise SandboxError(f"start took over {self.start_timeout_s:g} s") from None
-        except BaseException:
-            await asyncio.shield(sandbox.stop())
-            raise
-        return sandbox
+def fresh_sandboxes(config: SandboxConfig, start_timeout_s: float = 900.0) -> SandboxPool:
+    """A new sandbox per acquire, started within a deadline (a pool that keeps none)."""
+    return SandboxPool(config, size=0, start_timeout_s=start_timeout_s)
 
 
 SandboxFailure = SandboxError | UnsupportedEnvironment | ArtifactLimitExceeded

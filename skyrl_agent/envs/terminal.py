@@ -43,6 +43,16 @@ class TmuxTerminal:
         if result.exit_code != 0:
             raise SandboxError(f"cannot start tmux: {result.stderr.strip()[-300:]}")
         self.started = True
+        await self._wait_for_prompt()
+
+    async def _wait_for_prompt(self, timeout_s: float = 5.0) -> None:
+        """Wait until the shell has drawn its prompt, so the first screen an agent sees does not
+        depend on how fast the shell started (same task, same first observation)."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while asyncio.get_running_loop().time() < deadline:
+            if (await self._tmux(f"capture-pane -p -t {self.name}")).stdout.strip():
+                return
+            await asyncio.sleep(0.02)
 
     async def send_keys(self, keystrokes: str, wait_s: float = 0.0) -> None:
         """Type `keystrokes` (a newline presses Enter; a lone key name like C-c is that key),

@@ -15,7 +15,7 @@ from harbor.models.trajectories import Agent, FinalMetrics, Metrics, Step
 from harbor.models.trajectories import Trajectory as AtifTrajectory
 
 from skyrl_agent import __version__
-from skyrl_agent.collector.final_state import sample_stem
+from skyrl_agent.data.run_dir import sample_stem
 from skyrl_agent.types import Trajectory
 
 Decode = Callable[[tuple[int, ...]], str]

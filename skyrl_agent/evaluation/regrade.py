@@ -8,9 +8,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from skyrl_agent.collector import final_state
 from skyrl_agent.config import SandboxConfig
-from skyrl_agent.envs.episode import FreshSandboxes, grade
+from skyrl_agent.data.run_dir import RunDir
+from skyrl_agent.envs.episode import fresh_sandboxes, grade
 from skyrl_agent.errors import UserError
 from skyrl_agent.sandboxes.base import SandboxError, UnsupportedEnvironment
 from skyrl_agent.tasks import find_task
@@ -30,7 +30,7 @@ class Regrade:
 
 async def _one(trajectory: Trajectory, run_dir: Path, config: SandboxConfig,
                tasks: Mapping[str, TaskSpec]) -> Regrade:
-    archive = final_state.state_path(run_dir, trajectory.task_id, trajectory.sample_index)
+    archive = RunDir(run_dir).state_path(trajectory.task_id, trajectory.sample_index)
     stored = trajectory.reward.value
     if not archive.is_file():
         return Regrade(trajectory.task_id, trajectory.sample_index, stored, None,
@@ -40,7 +40,7 @@ async def _one(trajectory: Trajectory, run_dir: Path, config: SandboxConfig,
     except UserError as exc:
         return Regrade(trajectory.task_id, trajectory.sample_index, stored, None, str(exc))
     try:
-        reward = await grade(task, archive.read_bytes(), FreshSandboxes(config))
+        reward = await grade(task, archive.read_bytes(), fresh_sandboxes(config))
     except (SandboxError, UnsupportedEnvironment) as exc:
         return Regrade(trajectory.task_id, trajectory.sample_index, stored, None,
                        f"sandbox: {exc}")

@@ -193,7 +193,8 @@ class InferenceClient:
         return choice, int(cached.get("cached_tokens") or 0)
 
     async def _wait_until_resumed(self, server: _Server) -> None:
-        while (await self._request(server, "GET", "/is_paused"))["is_paused"]:
+        # The pause is the server's state, not an event of this process: poll it.
+        while (await self._request(server, "GET", "/is_paused"))["is_paused"]:  # noqa: ASYNC110
             await asyncio.sleep(self.pause_poll_s)
 
     # ---- control ---------------------------------------------------------------------------

@@ -109,6 +109,11 @@ class ServerProcess:
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
+    @property
+    def returncode(self) -> int | None:
+        """The exit status once the process ended (negative: killed by that signal)."""
+        return None if self._process is None else self._process.poll()
+
     def stop(self, timeout_s: float = 15.0) -> None:
         if self._process is None or self._process.poll() is not None:
             return

@@ -27,7 +27,7 @@ import tarfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, BinaryIO
+from typing import IO
 
 _CHUNK = 1 << 20
 MAX_DEPTH = 128  # each level holds a folder fd open; deeper trees are refused, not truncated
@@ -62,8 +62,9 @@ class BundleWriter:
 
     def __init__(self, fileobj: IO[bytes], limits: ArtifactLimits,
                  exclude: Iterable[str] = ()) -> None:
-        self._tar = tarfile.open(fileobj=fileobj, mode="w:gz", format=tarfile.PAX_FORMAT,
-                                 compresslevel=1)
+        # Open for the writer's lifetime: __exit__ closes it.
+        self._tar = tarfile.open(  # noqa: SIM115
+            fileobj=fileobj, mode="w:gz", format=tarfile.PAX_FORMAT, compresslevel=1)
         self.limits = limits
         self.exclude = tuple(exclude)
         self.bytes = 0
@@ -106,7 +107,7 @@ class BundleWriter:
         info.linkname = target
         self._tar.addfile(info)
 
-    def add_file(self, name: str, source: BinaryIO, size: int, mode: int = 0o644,
+    def add_file(self, name: str, source: IO[bytes], size: int, mode: int = 0o644,
                  mtime: float = 0) -> None:
         if name in self._names:
             return
@@ -122,7 +123,7 @@ class _Exactly(io.RawIOBase):
     """A reader of exactly `size` bytes: short sources are padded with zeros, long ones cut, so
     a file that changes while it is read cannot desynchronize the archive."""
 
-    def __init__(self, source: BinaryIO, size: int) -> None:
+    def __init__(self, source: IO[bytes], size: int) -> None:
         self._source, self._left = source, size
 
     def readable(self) -> bool:
@@ -257,7 +258,7 @@ class BoundedStream(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def readinto(self, target) -> int:  # type: ignore[override]
+    def readinto(self, target) -> int:
         while not self._buffer:
             chunk = next(self._chunks, None)
             if chunk is None:

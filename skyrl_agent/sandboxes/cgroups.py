@@ -7,6 +7,7 @@ and process counts less precisely.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -82,20 +83,25 @@ class Cgroup:
             if not pids:
                 return
             for pid in pids:
-                try:
+                with contextlib.suppress(ProcessLookupError):  # it exited meanwhile
                     os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
             time.sleep(0.002)
 
-    def remove(self) -> None:
+    def remove(self) -> bool:
+        """Kill its processes and remove it; False when it stayed busy past the deadline."""
         self.kill_all()
         for controller in CONTROLLERS:
-            for _ in range(50):
+            # Busy until the last killed process is reaped: on a loaded 2-core machine that can
+            # take seconds, and giving up early leaks the cgroup.
+            deadline = time.monotonic() + 10
+            while True:
                 try:
                     self._dir(controller).rmdir()
                     break
                 except FileNotFoundError:
                     break
-                except OSError:  # busy until the last killed process is reaped
+                except OSError:
+                    if time.monotonic() > deadline:
+                        return False
                     time.sleep(0.02)
+        return True

@@ -27,7 +27,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from skyrl_agent.sandboxes.artifacts import (
     BundleWriter,
@@ -43,6 +43,10 @@ from skyrl_agent.sandboxes.base import (
     UnsupportedEnvironment,
 )
 from skyrl_agent.sandboxes.exec_server import HeadTail
+
+if TYPE_CHECKING:  # docker is imported lazily: only this backend needs it
+    from docker import DockerClient
+    from docker.models.containers import Container
 
 IMAGE_REPO = "skyrl-agent-task"
 LABEL = "skyrl-agent.sandbox"
@@ -67,7 +71,7 @@ KILL_ALL = ('for ((round = 0; round < 200; round++)); do kill -9 -1 2>/dev/null;
             '[ "$left" = 0 ] && exit 0; sleep 0.01; done; echo "$left left"; exit 1')
 
 
-def docker_client():
+def docker_client() -> DockerClient:
     """A client for the local engine; a clear error when none is running."""
     import docker
     try:
@@ -85,11 +89,25 @@ class DockerSandbox(Sandbox):
 
     def __init__(self, spec, config=None) -> None:
         super().__init__(spec, config)
-        self.name = f"skyrl-{re.sub(r'[^a-zA-Z0-9_.-]', '-', spec.name)[:40]}-{uuid.uuid4().hex[:8]}"
-        self._client = None
-        self.container = None
+        label = re.sub(r"[^a-zA-Z0-9_.-]", "-", spec.name)[:40]
+        self.name = f"skyrl-{label}-{uuid.uuid4().hex[:8]}"
+        self._client: DockerClient | None = None
+        self.container: Container | None = None
         self._watchdog: asyncio.Task | None = None
         self._dead_reason: str | None = None
+
+    @property
+    def client(self) -> DockerClient:
+        if self._client is None:
+            raise SandboxError(f"sandbox {self.spec.name} is not started")
+        return self._client
+
+    @property
+    def running(self) -> Container:
+        """The container, or SandboxError once it is stopped (or before it exists)."""
+        if self.container is None:
+            raise SandboxError(f"sandbox {self.spec.name} is not running")
+        return self.container
 
     async def start(self) -> None:
         self._client = await asyncio.to_thread(docker_client)
@@ -105,11 +123,11 @@ class DockerSandbox(Sandbox):
             raise
         self._watchdog = asyncio.create_task(self._watch_storage())
 
-    def _run_container(self, image: str):
+    def _run_container(self, image: str) -> Container:
         spec = self.spec
         import docker
         storage = spec.storage_mb * 1024 * 1024
-        return self._client.containers.run(
+        return self.client.containers.run(
             image, command=["bash", "-c", KEEPER.format(seconds=int(spec.deadline_s) + 1)],
             name=self.name, detach=True, auto_remove=True, init=False, working_dir=spec.workdir,
             ulimits=[docker.types.Ulimit(name="fsize", soft=storage, hard=storage)],
@@ -124,7 +142,8 @@ class DockerSandbox(Sandbox):
 
     # ---- images -------------------------------------------------------------------------------
     async def _image(self) -> str:
-        if self.spec.dockerfile is None:
+        dockerfile = self.spec.dockerfile
+        if dockerfile is None:
             if not self.spec.docker_image:
                 raise UnsupportedEnvironment(f"task {self.spec.name} has no Dockerfile or image")
             return await asyncio.to_thread(self._mapped_base, self.spec.docker_image)
@@ -132,13 +151,13 @@ class DockerSandbox(Sandbox):
         lock = _build_locks.setdefault((id(asyncio.get_running_loop()), tag), asyncio.Lock())
         async with lock:
             if not await asyncio.to_thread(self._has_image, tag):
-                await asyncio.to_thread(self._build, tag)
+                await asyncio.to_thread(self._build, tag, dockerfile)
         return tag
 
     def _has_image(self, name: str) -> bool:
         import docker
         try:
-            self._client.images.get(name)
+            self.client.images.get(name)
             return True
         except docker.errors.ImageNotFound:
             return False
@@ -149,10 +168,11 @@ class DockerSandbox(Sandbox):
             return image
         return self.config.docker.base_images.get(image, image)
 
-    def _build(self, tag: str) -> None:
+    def _build(self, tag: str, dockerfile: Path) -> None:
+        """Build `dockerfile` with its folder (the task's environment/) as the context."""
         import docker
         lines = []
-        for line in self.spec.dockerfile.read_text().splitlines():
+        for line in dockerfile.read_text().splitlines():
             words = line.split()
             if words and words[0].upper() == "FROM":
                 image_at = next(i for i, w in enumerate(words[1:], 1) if not w.startswith("--"))
@@ -160,10 +180,10 @@ class DockerSandbox(Sandbox):
                 line = " ".join(words)
             lines.append(line)
         with tempfile.TemporaryDirectory() as context:
-            shutil.copytree(self.spec.environment_dir, context, dirs_exist_ok=True)
+            shutil.copytree(dockerfile.parent, context, dirs_exist_ok=True)
             Path(context, "Dockerfile").write_text("\n".join(lines) + "\n")
             try:
-                self._client.images.build(path=context, tag=tag, rm=True, forcerm=True,
+                self.client.images.build(path=context, tag=tag, rm=True, forcerm=True,
                                           timeout=self.config.docker.build_timeout_s)
             except docker.errors.BuildError as exc:
                 log = "".join(str(c.get("stream", "")) for c in exc.build_log)[-800:]
@@ -177,8 +197,8 @@ class DockerSandbox(Sandbox):
             await asyncio.sleep(STORAGE_POLL_S)
             try:
                 found = await asyncio.to_thread(
-                    self._client.api.containers, all=True, size=True,
-                    filters={"id": self.container.id})
+                    self.client.api.containers, all=True, size=True,
+                    filters={"id": self.running.id})
             except Exception:  # noqa: BLE001 - engine busy or gone: exec reports it
                 continue
             if not found:
@@ -190,7 +210,7 @@ class DockerSandbox(Sandbox):
 
     def _kill_container(self) -> None:
         with contextlib.suppress(Exception):
-            self.container.kill()
+            self.running.kill()
 
     # ---- commands and files -------------------------------------------------------------------
     def _check_alive(self) -> None:
@@ -223,10 +243,10 @@ class DockerSandbox(Sandbox):
     def _exec_blocking(self, argv, cwd, env, user) -> tuple[int, str, str]:
         """Run argv in the container, streaming its output into head-and-tail buffers."""
         import docker
-        api = self._client.api
+        api = self.client.api
         outputs = [HeadTail(self.spec.max_output_bytes), HeadTail(self.spec.max_output_bytes)]
         try:
-            exec_id = api.exec_create(self.container.id, argv, workdir=cwd or self.spec.workdir,
+            exec_id = api.exec_create(self.running.id, argv, workdir=cwd or self.spec.workdir,
                                       environment=dict(env or {}),
                                       user="" if user is None else str(user))["Id"]
             for out, err in api.exec_start(exec_id, stream=True, demux=True):
@@ -252,7 +272,7 @@ class DockerSandbox(Sandbox):
         if not made.ok:
             raise SandboxError(f"unpacking into {remote_dir} failed: "
                                f"{(made.stderr or made.stdout).strip()[-300:]}")
-        await asyncio.to_thread(self.container.put_archive, remote_dir, archive)
+        await asyncio.to_thread(self.running.put_archive, remote_dir, archive)
 
     def _from_archive(self, remote: str, consume: Callable[[Iterable[bytes]], T]) -> T | None:
         """`consume` over the engine's archive of `remote`; None when the path does not exist.
@@ -261,7 +281,7 @@ class DockerSandbox(Sandbox):
         import requests
         self._check_alive()
         try:
-            stream, _ = self.container.get_archive(remote, chunk_size=1 << 20)
+            stream, _ = self.running.get_archive(remote, chunk_size=1 << 20)
             return consume(stream)
         except docker.errors.NotFound:
             if self._dead_reason is not None:

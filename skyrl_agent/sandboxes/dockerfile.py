@@ -97,5 +97,6 @@ _ENV_REF = re.compile(r"\$\{?(\w+)\}?")
 
 
 def expand(value: str, env: dict[str, str]) -> str:
-    """Substitute `$VAR` / `${VAR}` from ENV lines seen so far (as the builder does in COPY/WORKDIR)."""
+    """Substitute `$VAR` / `${VAR}` from ENV lines seen so far (as the builder does in
+    COPY/WORKDIR)."""
     return _ENV_REF.sub(lambda m: env.get(m.group(1), m.group(0)), value)

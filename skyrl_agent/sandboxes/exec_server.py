@@ -24,6 +24,7 @@ Server -> host: first the line `ready <pid>`, then per reply the line
   pipe, so the host must never unmarshal what comes back.
 """
 
+import contextlib
 import ctypes
 import marshal
 import os
@@ -123,7 +124,7 @@ class HeadTail:
     def value(self):
         if not self.dropped:
             return bytes(self.head + self.tail)
-        marker = ("\n[... %d bytes cut ...]\n" % self.dropped).encode()
+        marker = f"\n[... {self.dropped} bytes cut ...]\n".encode()
         return bytes(self.head) + marker + bytes(self.tail)
 
 
@@ -147,8 +148,8 @@ def run(request, base_env):
     started = time.monotonic()
     try:
         result = execute(request, base_env, started)
-    except Exception as exc:  # e.g. no thread left in a sandbox at its pids limit
-        result = (126, False, b"", ("exec server: %s" % exc).encode())
+    except Exception as exc:  # noqa: BLE001 - e.g. no thread left at the pids limit: still a reply
+        result = (126, False, b"", f"exec server: {exc}".encode())
     REAPER.forget_orphans()
     exit_code, timed_out, stdout, stderr = result
     reply(request["id"], exit_code, timed_out, time.monotonic() - started, stdout, stderr)
@@ -164,14 +165,17 @@ def execute(request, base_env, started):
     # leave us unable to start the threads that drain its output.
     out_read, out_write = os.pipe()
     err_read, err_write = os.pipe()
-    readers = [CappedReader(open(out_read, "rb"), limit), CappedReader(open(err_read, "rb"), limit)]
+    # Not closed here: each reader thread owns its pipe's file and reads it to EOF.
+    readers = [CappedReader(open(out_read, "rb"), limit),  # noqa: SIM115
+               CappedReader(open(err_read, "rb"), limit)]  # noqa: SIM115
     for reader in readers:
         reader.start()
     stdin_read = stdin_write = None
     if stdin_data is not None:
         stdin_read, stdin_write = os.pipe()
-        threading.Thread(target=_feed, args=(open(stdin_write, "wb"), stdin_data),
-                         daemon=True).start()
+        # _feed owns the pipe's write end and closes it once the data is written.
+        stdin_pipe = open(stdin_write, "wb")  # noqa: SIM115
+        threading.Thread(target=_feed, args=(stdin_pipe, stdin_data), daemon=True).start()
     try:
         pid = spawn(request, env, stdin_read, out_write, err_write)
     except OSError as exc:
@@ -227,10 +231,8 @@ def kill_all(request):
     for _ in range(400):
         if not left:
             break
-        try:
+        with contextlib.suppress(ProcessLookupError):  # none left to signal
             os.kill(-1, signal.SIGKILL)  # from PID 1: every process of the namespace but us
-        except ProcessLookupError:
-            pass
         time.sleep(0.005)
         left = others()
     reply(request["id"], 0 if not left else 1, False, time.monotonic() - started,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import marshal
 import os
 import secrets
@@ -59,6 +60,7 @@ from skyrl_agent.sandboxes.local_disk import (
 )
 from skyrl_agent.sandboxes.local_plan import LocalPlan, plan_local
 
+log = logging.getLogger(__name__)
 SANDBOX_UID = 65534  # host uid that sandbox root maps to when skyrl-agent runs as root
 SERVER_SOURCE = (Path(__file__).parent / "exec_server.py").read_text()
 SERVER_PATH = Path("/.skyrl/exec_server.py")  # where the sandbox sees it
@@ -248,7 +250,7 @@ class LocalSandbox(Sandbox):
 
     def _command(self, plan: LocalPlan) -> list[str]:
         server = ["/usr/bin/python3", "-I", "-S", str(SERVER_PATH), str(self.spec.deadline_s)]
-        command = self._bwrap_args(plan) + ["--", *server]
+        command = [*self._bwrap_args(plan), "--", *server]
         if os.geteuid() == 0:
             command = ["setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}",
                        "--clear-groups", *command]
@@ -273,7 +275,8 @@ class LocalSandbox(Sandbox):
 
     async def _wait_ready(self) -> int:
         """The exec server's pid, once it says it is ready."""
-        assert self._proc is not None and self._proc.stdout is not None
+        assert self._proc is not None
+        assert self._proc.stdout is not None and self._proc.stderr is not None  # both piped
         try:
             line = await asyncio.wait_for(self._proc.stdout.readline(), timeout=30)
         except TimeoutError:
@@ -421,7 +424,10 @@ class LocalSandbox(Sandbox):
         if self._reader is not None:
             await self._reader
         if self._cgroup is not None:
-            await asyncio.to_thread(self._cgroup.remove)
+            if not await asyncio.to_thread(self._cgroup.remove):
+                # Keep the folder (it names its owner): the next run's reaper retries.
+                log.warning("sandbox %s: its cgroup stayed busy; left for the reaper", self.id)
+                return
             self._cgroup = None
         if self._mounted:
             await asyncio.to_thread(unmount, self.root)

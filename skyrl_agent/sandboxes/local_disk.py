@@ -85,8 +85,8 @@ def reap_stale_sandboxes(work_root: Path | None = None) -> int:
             continue
         if process_identity(int(owner.split(":")[0])) == owner:
             continue  # its owner still runs
-        if cgroups_available():
-            Cgroup(sandbox_id).remove()
+        if cgroups_available() and not Cgroup(sandbox_id).remove():
+            continue  # still busy: the next reaping retries
         if os.path.ismount(folder / "root"):
             unmount(folder / "root")
         remove_tree(folder)

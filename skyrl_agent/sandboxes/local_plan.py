@@ -19,13 +19,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from skyrl_agent.sandboxes.base import SandboxSpec, UnsupportedEnvironment
-from skyrl_agent.sandboxes.dockerfile import (Instruction, base_images, expand, parse_dockerfile,
-                                              parse_env, split_flags)
+from skyrl_agent.sandboxes.dockerfile import (
+    Instruction,
+    base_images,
+    expand,
+    parse_dockerfile,
+    parse_env,
+    split_flags,
+)
 
 IGNORED = {"FROM", "USER", "CMD", "ENTRYPOINT", "EXPOSE", "LABEL", "VOLUME", "HEALTHCHECK",
            "STOPSIGNAL", "SHELL", "ONBUILD", "MAINTAINER"}
-_APT_HOUSEKEEPING = re.compile(r"^(apt-get|apt) +(-\S+ +)*(update|clean|autoremove)\b|^rm +-rf +/var/lib/apt")
-_APT_INSTALL = re.compile(r"^(?:DEBIAN_FRONTEND=\S+ +)?(?:apt-get|apt) +(?:-\S+ +)*install +(.*)$")
+_APT_HOUSEKEEPING = re.compile(
+    r"^(apt-get|apt) +(-\S+ +)*(update|clean|autoremove)\b|^rm +-rf +/var/lib/apt")
+_APT_INSTALL = re.compile(
+    r"^(?:DEBIAN_FRONTEND=\S+ +)?(?:apt-get|apt) +(?:-\S+ +)*install +(.*)$")
 _NEEDS_IMAGE_BUILD = re.compile(
     r"\b(apt-get|apt|apk|yum|dnf|pip3?|uv|conda|npm|curl|wget|git +clone)\b")
 
@@ -126,14 +134,19 @@ def plan_local(spec: SandboxSpec) -> LocalPlan:
     if len(base_images(instructions)) > 1:
         raise UnsupportedEnvironment(
             f"task {spec.name}: multi-stage Dockerfiles need an image build; use --sandbox docker")
-    workdir, env, dirs, copies, runs = "/", {}, [], [], []
+    workdir = "/"
+    env: dict[str, str] = {}
+    dirs: list[str] = []
+    copies: list[CopyStep] = []
+    runs: list[tuple[str, str]] = []
     build_args: dict[str, str] = {}
     for ins in instructions:
         if ins.keyword == "WORKDIR":
             workdir = posixpath.normpath(posixpath.join(workdir, expand(ins.args, env)))
             dirs.append(workdir)
         elif ins.keyword == "ENV":
-            env.update({k: expand(v, {**build_args, **env}) for k, v in parse_env(ins.args).items()})
+            env.update({k: expand(v, {**build_args, **env})
+                        for k, v in parse_env(ins.args).items()})
         elif ins.keyword == "ARG":
             name, _, default = ins.args.partition("=")
             build_args[name.strip()] = default.strip().strip('"')
@@ -147,4 +160,4 @@ def plan_local(spec: SandboxSpec) -> LocalPlan:
             raise _unsupported(spec, ins, "unknown instruction")
     env.update(spec.env)
     final_workdir = spec.workdir if spec.workdir != "/" else workdir
-    return LocalPlan(tuple(dirs + [final_workdir]), tuple(copies), tuple(runs), env, final_workdir)
+    return LocalPlan((*dirs, final_workdir), tuple(copies), tuple(runs), env, final_workdir)

@@ -12,16 +12,18 @@ import dataclasses
 import time
 
 from skyrl_agent.config import SandboxConfig
-from skyrl_agent.sandboxes.base import Sandbox, SandboxSpec, create_sandbox
+from skyrl_agent.sandboxes.base import Sandbox, SandboxError, SandboxSpec, create_sandbox
 
 
 class SandboxPool:
     """Keeps `size` started sandboxes per environment; `acquire` hands one out and refills."""
 
-    def __init__(self, config: SandboxConfig, size: int, max_idle_s: float = 600.0) -> None:
+    def __init__(self, config: SandboxConfig, size: int, max_idle_s: float = 600.0,
+                 start_timeout_s: float = 900.0) -> None:
         self.config = config
         self.size = size
         self.max_idle_s = max_idle_s
+        self.start_timeout_s = start_timeout_s
         self._idle: dict[str, list[tuple[Sandbox, float]]] = {}
         self._starting: dict[str, int] = {}
         """Starts in flight per environment: counted as room taken, so that two concurrent
@@ -32,14 +34,19 @@ class SandboxPool:
 
     def _pooled_spec(self, spec: SandboxSpec) -> SandboxSpec:
         # Idle time must not eat into the sandbox's working time.
+        if self.size == 0:
+            return spec
         return dataclasses.replace(spec, deadline_s=spec.deadline_s + self.max_idle_s)
 
     async def _start(self, spec: SandboxSpec) -> Sandbox:
         sandbox = create_sandbox(self._pooled_spec(spec), self.config)
         try:
-            await sandbox.start()
+            await asyncio.wait_for(sandbox.start(), self.start_timeout_s)
+        except TimeoutError:
+            await asyncio.shield(sandbox.stop())
+            raise SandboxError(f"start took over {self.start_timeout_s:g} s") from None
         except BaseException:
-            await sandbox.stop()
+            await asyncio.shield(sandbox.stop())
             raise
         return sandbox
 

@@ -54,7 +54,8 @@ class TaskSpec:
 
     @property
     def network_allowed(self) -> bool:
-        """Network only when task.toml asks for it explicitly: harbor's default is public, ours none."""
+        """Network only when task.toml asks for it explicitly: harbor's default is public, ours
+        none."""
         env = self.config.environment
         return "network_mode" in env.model_fields_set and env.network_mode == NetworkMode.PUBLIC
 

@@ -96,7 +96,8 @@ def resolve_tasks(ref: str, include: list[str] | None = None,
 
 
 def find_task(name: str) -> TaskSpec:
-    """One task by path, by `[task] name` (e.g. demo/hello-file) or by `SET/DIR` in a bundled set."""
+    """One task by path, by `[task] name` (e.g. demo/hello-file) or by `SET/DIR` in a bundled
+    set."""
     if Path(name).is_dir():
         return load_task(name)
     for set_name in bundled_sets():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 
 from skyrl_agent.agents.base import ModelAgent, clip
@@ -69,10 +70,8 @@ class CodeActAgent(ModelAgent):
         if not isinstance(command, str) or not command.strip():
             return "ERROR: execute_bash needs a non-empty `command`."
         timeout = self.command_timeout_s
-        try:
+        with contextlib.suppress(TypeError, ValueError):  # a malformed timeout: the default
             timeout = min(float(arguments.get("timeout", timeout)), self.command_timeout_s)
-        except (TypeError, ValueError):
-            pass
         # The working directory persists between calls: report it after the command.
         script = (f"cd {shlex.quote(self.cwd)} 2>/dev/null\n{command}\n__rc=$?\n"
                   f"printf '\\n{_CWD_MARK}%s\\n' \"$(pwd)\"\nexit $__rc")

@@ -202,7 +202,7 @@ class Engine:
                 if self._rows and not self._paused:
                     self._decode()
                     busy = True
-            except Exception as exc:  # noqa: BLE001 - a failed step must not kill the server
+            except Exception as exc:
                 log.exception("engine step failed")
                 self._fail_running(exc)
             if not busy:

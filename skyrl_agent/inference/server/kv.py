@@ -21,6 +21,10 @@ class GrowingLayer(DynamicLayer):
     here a decode step writes one slot and the buffer doubles only when full.
     """
 
+    # Optional in the base class (unset before lazy initialization); always set here by _write.
+    keys: torch.Tensor
+    values: torch.Tensor
+
     def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         super().__init__()
         self.lazy_initialization(keys, values)
@@ -64,7 +68,10 @@ class KVBatch:
     @classmethod
     def from_cache(cls, cache: Cache, rows: int) -> KVBatch:
         """Wrap a one-row prefill cache, repeated `rows` times (the `n` samples of one prompt)."""
-        layers = [(layer.keys.expand(rows, -1, -1, -1), layer.values.expand(rows, -1, -1, -1))
+        # Cache.layers is typed as every layer kind (some without keys, or keys still None); a
+        # prefill cache of the models served here holds filled attention layers only.
+        layers = [(layer.keys.expand(rows, -1, -1, -1),  # type: ignore[union-attr]
+                   layer.values.expand(rows, -1, -1, -1))  # type: ignore[union-attr]
                   for layer in cache.layers]
         length = layers[0][0].shape[-2]
         return cls(layers, torch.ones(rows, length, dtype=torch.long, device=layers[0][0].device))
@@ -74,7 +81,9 @@ class KVBatch:
         return self.mask.shape[0]
 
     def layers(self) -> list[KV]:
-        return [(layer.keys, layer.values) for layer in self.cache.layers]
+        # Every layer is a GrowingLayer (see __init__); Cache.layers is typed as any layer kind.
+        return [(layer.keys, layer.values)  # type: ignore[union-attr,misc]
+                for layer in self.cache.layers]
 
     def append_mask_column(self) -> torch.Tensor:
         """Extend the mask by one real token per row (the token about to be decoded)."""

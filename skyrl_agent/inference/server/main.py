@@ -36,7 +36,7 @@ class ServeOptions:
     """Version of the weights at start (a resumed run passes its checkpoint's)."""
 
 
-def load_engine(options: ServeOptions):  # noqa: ANN201 - heavy imports stay local
+def load_engine(options: ServeOptions):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -52,7 +52,8 @@ def load_engine(options: ServeOptions):  # noqa: ANN201 - heavy imports stay loc
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
     if torch.cuda.is_available():
-        model = model.cuda()
+        # transformers wraps cuda() in functools.wraps, whose stub loses the bound `self`.
+        model = model.cuda()  # type: ignore[call-arg]
     else:
         # Loaded weights may still be backed by the file's mapping; the first in-place weight
         # update would then page-fault through all of it (measured 10x slower). Own them now.

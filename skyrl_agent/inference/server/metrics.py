@@ -18,7 +18,7 @@ class _EngineCollector:
 
     def collect(self) -> Iterator[Metric]:
         s = self.engine.stats()
-        counters = {
+        counters: dict[str, tuple[str, float]] = {
             "requests": ("Generation requests admitted", s.requests_total),
             "prompt_tokens": ("Prompt tokens processed", s.prompt_tokens_total),
             "generation_tokens": ("Tokens generated", s.generation_tokens_total),
@@ -27,7 +27,7 @@ class _EngineCollector:
         }
         for name, (doc, value) in counters.items():
             yield CounterMetricFamily(f"{PREFIX}_{name}", doc, value=value)
-        gauges = {
+        gauges: dict[str, tuple[str, float]] = {
             "batch_size": ("Sequences in the running batch", s.running),
             "queue_length": ("Requests waiting to be admitted", s.waiting),
             "paused": ("1 while generation is paused", int(s.paused)),

@@ -6,7 +6,6 @@ routing sends it to the same server, so most of its prefill is already computed.
 
 from __future__ import annotations
 
-import os
 from collections import OrderedDict
 
 from skyrl_agent.inference.server.kv import KV
@@ -25,7 +24,7 @@ class PrefixCache:
         """The longest cached prefix of `prompt_ids` (at most len - 1 tokens) and its KV views."""
         best_len, best_key = 0, None
         for key in self._entries:
-            matched = len(os.path.commonprefix([key, tuple(prompt_ids)]))
+            matched = _shared_prefix_len(key, prompt_ids)
             if matched > best_len:
                 best_len, best_key = matched, key
         best_len = min(best_len, len(prompt_ids) - 1)  # the last prompt token must run for logits
@@ -55,3 +54,12 @@ class PrefixCache:
     def _drop(self, key: tuple[int, ...]) -> None:
         del self._entries[key]
         self._tokens -= len(key)
+
+
+def _shared_prefix_len(a: tuple[int, ...], b: list[int]) -> int:
+    """How many leading token ids `a` and `b` have in common."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n

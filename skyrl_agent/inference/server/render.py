@@ -24,7 +24,7 @@ def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, Any]],
         text = tokenizer.apply_chat_template(
             messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message, **(template_kwargs or {}))
-    except Exception as exc:  # jinja raises many types for bad messages
+    except Exception as exc:  # noqa: BLE001 - jinja raises many types for bad messages
         raise BadRequest(f"cannot render messages with the chat template: {exc}") from None
     # The template writes special tokens as text, so they must not be added a second time.
     return tokenizer.encode(text, add_special_tokens=False)
@@ -67,7 +67,7 @@ def _versions(out: SequenceOutput, current: int, with_tokens: bool) -> dict[str,
     return fields
 
 
-def usage(prompt_tokens: int, outputs: list[SequenceOutput]) -> dict[str, int]:
+def usage(prompt_tokens: int, outputs: list[SequenceOutput]) -> dict[str, Any]:
     completion = sum(len(o.token_ids) for o in outputs)
     cached = max((o.cached_prompt_tokens for o in outputs), default=0)
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
@@ -78,7 +78,7 @@ def usage(prompt_tokens: int, outputs: list[SequenceOutput]) -> dict[str, int]:
 def completion_response(model: str, tokenizer: Any, prompts: list[list[int]],
                         results: list[list[SequenceOutput]], with_ids: bool,
                         with_logprobs: bool, version: int) -> dict[str, Any]:
-    choices = []
+    choices: list[dict[str, Any]] = []
     for prompt, outputs in zip(prompts, results, strict=True):
         for out in outputs:
             choice: dict[str, Any] = {

@@ -1,13 +1,15 @@
 """TrajectoryStore: append-only, crash-safe Parquet shards of trajectories in a run directory.
 
-Layout: RUN_DIR/trajectories/shard-NNNNNN-XXXX.parquet plus index.json, which lists the live
-shards and the (task, sample) keys each holds.
+Layout: RUN_DIR/trajectories/shard-NNNNNN-XXXX.parquet plus index.jsonl, one line per live
+shard naming the (task, sample) keys it holds. Appending a shard appends one line (O(1) per
+trajectory); only compaction rewrites the index.
 
 Crash safety: a shard is written under a temporary name, fsynced, renamed and its folder
-fsynced before append() returns; only then is the index rewritten (same dance). A crash between
-the two leaves a complete shard the index does not name: on open it is adopted when it holds only
-new keys, and deleted when its keys are already indexed (a merged shard from an interrupted
-compaction). So a finished trajectory is never lost and never counted twice.
+fsynced before append() returns; only then is its index line appended and fsynced. A crash
+between the two, or a torn last line, leaves a complete shard the index does not name: on open it
+is adopted when it holds only new keys, and deleted when its keys are already indexed (a merged
+shard from an interrupted compaction). So a finished trajectory is never lost and never counted
+twice.
 """
 
 from __future__ import annotations
@@ -22,13 +24,13 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from skyrl_agent.collector.schema import from_row, to_table
+from skyrl_agent.data.run_dir import RunDir
+from skyrl_agent.data.schema import from_row, to_table
 from skyrl_agent.errors import UserError
 from skyrl_agent.types import Trajectory
 
 Key = tuple[str, int]
-FOLDER = "trajectories"
-INDEX = "index.json"
+INDEX = "index.jsonl"
 
 
 class StoreError(UserError):
@@ -58,6 +60,10 @@ def _durable_rename(tmp: Path, final: Path) -> None:
     _fsync_dir(final.parent)
 
 
+def _index_line(shard: str, keys: list[Key]) -> str:
+    return json.dumps({"shard": shard, "keys": keys}) + "\n"
+
+
 def _shard_keys(path: Path) -> list[Key]:
     table = pq.read_table(path, columns=["task_id", "sample_index"])
     return list(zip(table["task_id"].to_pylist(), table["sample_index"].to_pylist(), strict=True))
@@ -68,12 +74,13 @@ class TrajectoryStore:
 
     def __init__(self, run_dir: Path, writable: bool = False) -> None:
         self.run_dir = Path(run_dir)
-        self.folder = self.run_dir / FOLDER
+        self.folder = RunDir(self.run_dir).trajectories
         self._lock = threading.Lock()
         self._shards: dict[str, list[Key]] = {}
         self._keys: set[Key] = set()
         """Every key in _shards, kept beside it so append() does not rebuild it."""
         self._lock_file = None
+        self._torn_index = False
         if writable:
             self.folder.mkdir(parents=True, exist_ok=True)
             self._lock_file = open(self.folder / ".writer.lock", "w")  # noqa: SIM115
@@ -82,7 +89,8 @@ class TrajectoryStore:
             except BlockingIOError:
                 raise StoreError(f"{self.run_dir} is being written by another process") from None
         elif not self.folder.is_dir():
-            raise StoreError(f"{self.run_dir} is not a run directory (no {FOLDER}/ folder)")
+            raise StoreError(
+                f"{self.run_dir} is not a run directory (no {self.folder.name}/ folder)")
         self._load_index()
         if writable:
             self._recover()
@@ -93,12 +101,17 @@ class TrajectoryStore:
         path = self.folder / INDEX
         if not path.exists():
             return
-        try:
-            data = json.loads(path.read_text())
-            self._shards = {name: [tuple(k) for k in keys] for name, keys in data["shards"].items()}
-            self._keys = {key for keys in self._shards.values() for key in keys}
-        except (ValueError, KeyError, TypeError) as exc:
-            raise StoreError(f"{path} is corrupted: {exc}") from None
+        lines = path.read_text().splitlines()
+        for number, line in enumerate(lines, 1):
+            try:
+                entry = json.loads(line)
+                self._shards[entry["shard"]] = [(str(k[0]), int(k[1])) for k in entry["keys"]]
+            except (ValueError, KeyError, TypeError, IndexError) as exc:
+                if number == len(lines):
+                    self._torn_index = True  # its shard is adopted again by _recover
+                    break
+                raise StoreError(f"{path} is corrupted at line {number}: {exc}") from None
+        self._keys = {key for keys in self._shards.values() for key in keys}
 
     def keys(self) -> set[Key]:
         """(task, sample) of every stored trajectory."""
@@ -139,19 +152,23 @@ class TrajectoryStore:
             _durable_rename(tmp, self.folder / name)
             self._shards[name] = [(t.task_id, t.sample_index) for t in fresh]
             self._keys.update(self._shards[name])
-            self._write_index()
+            with open(self.folder / INDEX, "a") as index:
+                index.write(_index_line(name, self._shards[name]))
+                index.flush()
+                os.fsync(index.fileno())
             return self.folder / name
 
     def _write_index(self) -> None:
+        """Rewrite the whole index (recovery, compaction), atomically."""
         tmp = self.folder / f".{INDEX}.tmp"
-        tmp.write_text(json.dumps({"version": 1, "shards": self._shards}))
+        tmp.write_text("".join(_index_line(name, keys) for name, keys in self._shards.items()))
         _durable_rename(tmp, self.folder / INDEX)
 
     def _recover(self) -> None:
         """Adopt complete shards the index missed; drop leftovers and temporary files."""
         for tmp in self.folder.glob(".*.tmp"):
             tmp.unlink()
-        changed = False
+        changed = self._torn_index  # appending after a torn line would corrupt the next one
         for path in sorted(self.folder.glob("shard-*.parquet")):
             if path.name in self._shards:
                 continue

@@ -6,7 +6,7 @@ Nested columns (segments -> turns) are plain Arrow structs, so pyarrow, pandas a
 
 from __future__ import annotations
 
-import json
+from collections.abc import Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -25,16 +25,26 @@ TURN = pa.struct([
     ("latency_s", pa.float64()),
     ("routed_experts", pa.list_(pa.list_(pa.int32()))),
 ])
+NUMBERS = pa.list_(pa.struct([("name", pa.string()), ("value", pa.float64())]))
+"""A mapping of names to numbers as a list of (name, value) entries: Arrow's own map type is
+not readable by Hugging Face `datasets`; this is, by pandas and pyarrow too."""
 SEGMENT = pa.struct([("turns", pa.list_(TURN)), ("summary_turn_index", pa.int32())])
 SCHEMA = pa.schema([
     ("task_id", pa.string()), ("sample_index", pa.int32()), ("agent", pa.string()),
-    ("reward", pa.float64()), ("reward_components", pa.string()),
+    ("reward", pa.float64()), ("reward_components", NUMBERS),
     ("reward_reason", pa.string()), ("finish_reason", pa.string()), ("masked", pa.bool_()),
     ("mask_reason", pa.string()), ("failure", pa.string()), ("sandbox_time_s", pa.float64()),
     ("agent_time_s", pa.float64()), ("verify_time_s", pa.float64()),
-    ("metrics", pa.string()), ("segments", pa.list_(SEGMENT)),
+    ("metrics", NUMBERS), ("segments", pa.list_(SEGMENT)),
 ])
-"""reward_components and metrics are JSON objects (string keys -> numbers)."""
+
+
+def _numbers(values: Mapping[str, float]) -> list[dict[str, Any]]:
+    return [{"name": name, "value": float(value)} for name, value in values.items()]
+
+
+def _mapping(entries: list[dict[str, Any]]) -> dict[str, float]:
+    return {entry["name"]: entry["value"] for entry in entries}
 
 
 def _turn_row(turn: Turn) -> dict[str, Any]:
@@ -53,12 +63,12 @@ def _turn_row(turn: Turn) -> dict[str, Any]:
 def to_row(t: Trajectory) -> dict[str, Any]:
     return {
         "task_id": t.task_id, "sample_index": t.sample_index, "agent": t.agent,
-        "reward": t.reward.value, "reward_components": json.dumps(dict(t.reward.components)),
+        "reward": t.reward.value, "reward_components": _numbers(t.reward.components),
         "reward_reason": t.reward.reason, "finish_reason": t.finish_reason.value,
         "masked": t.masked, "mask_reason": t.mask_reason,
-        "failure": None if t.failure is None else t.failure.value, "sandbox_time_s": t.sandbox_time_s,
-        "agent_time_s": t.agent_time_s, "verify_time_s": t.verify_time_s,
-        "metrics": json.dumps(dict(t.metrics)),
+        "failure": None if t.failure is None else t.failure.value,
+        "sandbox_time_s": t.sandbox_time_s, "agent_time_s": t.agent_time_s,
+        "verify_time_s": t.verify_time_s, "metrics": _numbers(t.metrics),
         "segments": [{"turns": [_turn_row(turn) for turn in s.turns],
                       "summary_turn_index": s.summary_turn_index} for s in t.segments]}
 
@@ -77,7 +87,7 @@ def _turn(row: dict[str, Any]) -> Turn:
 
 
 def from_row(row: dict[str, Any]) -> Trajectory:
-    reward = Reward(value=row["reward"], components=json.loads(row["reward_components"]),
+    reward = Reward(value=row["reward"], components=_mapping(row["reward_components"]),
                     reason=row["reward_reason"], verify_time_s=row["verify_time_s"])
     segments = tuple(Segment(tuple(_turn(t) for t in s["turns"]), s["summary_turn_index"])
                      for s in row["segments"])
@@ -87,7 +97,7 @@ def from_row(row: dict[str, Any]) -> Trajectory:
         masked=row["masked"], mask_reason=row["mask_reason"],
         failure=None if row.get("failure") is None else FailureKind(row["failure"]),
         sandbox_time_s=row["sandbox_time_s"], agent_time_s=row["agent_time_s"],
-        verify_time_s=row["verify_time_s"], metrics=json.loads(row["metrics"]))
+        verify_time_s=row["verify_time_s"], metrics=_mapping(row["metrics"]))
 
 
 def to_table(trajectories: list[Trajectory]) -> pa.Table:

@@ -1,0 +1,53 @@
+"""The `skyrl-agent` command line: one module per command. Heavy imports stay inside commands
+so `--help` is instant.
+
+Bad input (a config key, a task, a name) prints one `error:` line and exits with code 2; a run
+that has to stop (its model server died, SIGTERM) prints one line and exits non-zero.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from skyrl_agent import __version__
+from skyrl_agent.cli import agents, evaluate, rollout, serve, tasks
+from skyrl_agent.cli.common import console, err_console
+from skyrl_agent.errors import RunStopped, UserError
+
+app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False,
+                  help="skyrl-agent: an RL gym for LLM agents in sandboxes.")
+app.add_typer(tasks.app, name="tasks")
+app.add_typer(agents.app, name="agents")
+app.command()(rollout.rollout)
+app.command("eval")(evaluate.eval_run)
+app.command()(serve.serve)
+
+
+def _version(value: bool) -> None:
+    if value:
+        console.print(f"skyrl-agent {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option(
+        "--version", callback=_version, is_eager=True, help="Print the version.")] = False) -> None:
+    pass
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point: user errors and stopped runs become one line."""
+    try:
+        app(args=argv)
+    except UserError as exc:
+        err_console.print(f"[red]error:[/red] {exc}", markup=True, highlight=False)
+        sys.exit(2)
+    except RunStopped as exc:
+        err_console.print(f"[red]stopped:[/red] {exc}", markup=True, highlight=False)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        err_console.print("interrupted; work already stored is kept")
+        sys.exit(130)

@@ -1,0 +1,43 @@
+"""Imports point down only: cli -> evaluation -> collector -> agents -> envs -> the leaves
+(sandboxes, inference, tasks, data) -> the core (types, config, errors, plugins)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import skyrl_agent
+
+PACKAGE = Path(skyrl_agent.__file__).parent
+LAYER = {"types": 0, "config": 0, "errors": 0, "plugins": 0, "__init__": 0,
+         "data": 1, "tasks": 1, "inference": 2, "sandboxes": 2, "envs": 3, "agents": 4,
+         "collector": 5, "evaluation": 6, "cli": 7}
+"""Rank of each top-level module or package: a module may import its own rank or lower."""
+
+
+def _imported(tree: ast.AST) -> set[str]:
+    names = set()
+    for node in ast.walk(tree):  # imports inside functions count too
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+        elif isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+    return {n.split(".")[1] for n in names if n.startswith("skyrl_agent.")}
+
+
+def test_no_module_imports_a_higher_layer():
+    upward = []
+    for path in PACKAGE.rglob("*.py"):
+        if path.name == "__main__.py":
+            continue  # `python -m` entry points sit on top of everything, like the CLI
+        top = path.relative_to(PACKAGE).parts[0].removesuffix(".py")
+        for target in _imported(ast.parse(path.read_text())):
+            if LAYER[target] > LAYER[top]:
+                upward.append(f"{path.relative_to(PACKAGE)} imports skyrl_agent.{target}")
+    assert upward == []
+
+
+def test_every_top_level_module_has_a_layer():
+    tops = {p.name.removesuffix(".py") for p in PACKAGE.iterdir()
+            if (p.suffix == ".py" or (p / "__init__.py").exists()) and p.name != "bundled_tasks"}
+    assert tops <= set(LAYER), tops - set(LAYER)
