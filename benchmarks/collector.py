@@ -2,9 +2,9 @@
 
 1. Agent steps/s at concurrency 1, 16 and 64, in 50-step rollouts (a typical episode length):
    Terminus against a server that replies instantly (a fixed, valid reply) in a sandbox that
-   does nothing (verification finds no reward file, so every reward is a failed 0: only speed
-   counts here). Everything else is real: LLM sessions with chat rendering, the HTTP client,
-   the collector, the Parquet store.
+   runs nothing (every command succeeds at once and prints a prompt; verification finds no
+   reward file, so every reward is a failed 0: only speed counts here). Everything else is
+   real: LLM sessions with chat rendering, the HTTP client, the collector, the Parquet store.
 2. The floor at each concurrency: as many bare `InferenceClient.complete` calls as the agents
    made steps, at the same concurrency, to the same server, with prompts of the agents' mean
    prompt length, and no session, agent, sandbox or store. An absolute steps/s says little on a
@@ -50,13 +50,14 @@ REPLY = json.dumps({"analysis": "a", "plan": "p", "commands": [{"keystrokes": "l
 
 
 class NoopSandbox(Sandbox):
-    """Answers every command at once with success and no output; holds no files."""
+    """Answers every command at once with success and a shell prompt; holds no files."""
 
     async def start(self) -> None:
         self._started_at = time.monotonic()
 
     async def exec(self, command, timeout=None, cwd=None, env=None, user=None) -> ExecResult:
-        return ExecResult(0, "", "")
+        # A prompt, not nothing: the terminal polls an empty pane for up to 5 s at its start.
+        return ExecResult(0, "$ ", "")
 
     async def extract(self, archive, remote_dir) -> None:
         pass
@@ -155,6 +156,8 @@ async def overhead(concurrency: int, tokenizer, url: str) -> tuple[float, float]
     """(agent steps/s, floor requests/s) at one concurrency, through one client."""
     async with InferenceClient([url]) as client:
         steps, prompt_len, elapsed = await agent_steps(concurrency, tokenizer, client)
+        if steps != concurrency * STEPS_PER_ROLLOUT:  # a rollout failed: the rate would lie
+            raise RuntimeError(f"{steps} steps, not {concurrency * STEPS_PER_ROLLOUT}")
         prompt = [tokenizer.eos_token_id] * prompt_len  # what goes on the wire, not its meaning
         floor_s = await floor(steps, concurrency, prompt, client)
     return steps / elapsed, steps / floor_s

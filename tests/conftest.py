@@ -1,4 +1,5 @@
-"""Shared fixtures: sandbox backends, the Docker-tier guard (run, not skip, in CI), models."""
+"""Shared fixtures: sandbox backends, the Docker and GPU tier guards (SKYRL_AGENT_REQUIRE_DOCKER=1
+or SKYRL_AGENT_REQUIRE_GPU=1 make a tier run or fail, never skip), models."""
 
 from __future__ import annotations
 
@@ -27,15 +28,25 @@ def _docker_ready() -> str | None:
     return None
 
 
-def pytest_collection_modifyitems(config, items):
-    why = _docker_ready()
+def _guard_tier(items, marker: str, why: str | None, require_variable: str) -> None:
+    """Skip the tier's tests when it cannot run, unless the variable says it must (then the
+    run stops with the reason, so a tier never passes by skipping)."""
     if why is None:
         return
-    if os.environ.get("SKYRL_AGENT_REQUIRE_DOCKER") == "1":
-        raise pytest.UsageError(f"the Docker tier must run here but: {why}")
+    if os.environ.get(require_variable) == "1":
+        raise pytest.UsageError(f"the {marker} tier must run here but: {why}")
     for item in items:
-        if "docker" in item.keywords:
+        if marker in item.keywords:
             item.add_marker(pytest.mark.skip(reason=why))
+
+
+def pytest_collection_modifyitems(config, items):
+    from skyrl_agent.inference.vllm import vllm_available
+
+    if any("docker" in item.keywords for item in items):
+        _guard_tier(items, "docker", _docker_ready(), "SKYRL_AGENT_REQUIRE_DOCKER")
+    if any("gpu" in item.keywords for item in items):
+        _guard_tier(items, "gpu", vllm_available(), "SKYRL_AGENT_REQUIRE_GPU")
 
 
 @pytest.fixture(params=["local", pytest.param("docker", marks=pytest.mark.docker)])
@@ -71,3 +82,15 @@ def tiny_model_dir(smollm2_dir, tmp_path_factory) -> Path:
     LlamaForCausalLM(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+@pytest.fixture
+def work_root():
+    """A folder for `sandbox.work_root` that the unprivileged sandbox user can reach (pytest's
+    tmp_path is private to root)."""
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="skyrl-test-root-"))
+    folder.chmod(0o755)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)

@@ -10,7 +10,7 @@ from aiohttp import web
 
 from skyrl_agent.inference.client import InferenceClient, InferenceError, Sampling
 from skyrl_agent.inference.process import embedded_server
-from skyrl_agent.inference.vllm import VLLMOptions, vllm_available, vllm_command, vllm_server
+from skyrl_agent.inference.vllm import VLLMOptions, vllm_command, vllm_server
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +136,6 @@ def test_vllm_command_enables_what_the_client_needs():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(vllm_available() is not None, reason=f"vLLM: {vllm_available()}")
 async def test_vllm_is_driven_by_the_same_client(smollm2_dir):
     with vllm_server(VLLMOptions(model=str(smollm2_dir), served_model_name="smollm2")) as proc:
         async with InferenceClient([proc.url], model="smollm2") as client:

@@ -58,3 +58,19 @@ async def test_concurrent_acquires_never_overfill(backend):
     assert len(pool._idle[key]) == 2
     await pool.close()
     await asyncio.gather(*(s.stop() for s in taken))
+
+
+async def test_stop_leaves_no_folder_and_no_cgroup(work_root):
+    """A stopped local sandbox leaves nothing behind: no folder, no mounted disk, no cgroup."""
+    from skyrl_agent.sandboxes.cgroups import CGROUP_ROOT, CONTROLLERS, PARENT
+
+    config = SandboxConfig(backend="local", work_root=work_root)
+    spec = SandboxSpec.from_task(find_task("demo/word-count"), config)
+    pool = SandboxPool(config, size=0)
+    sandbox = await pool.acquire(spec)
+    try:  # a process still running at stop() must not keep the cgroup busy
+        assert (await sandbox.exec("sleep 30 >/dev/null 2>&1 &", timeout=30)).ok
+    finally:
+        await sandbox.stop()
+    assert list(work_root.iterdir()) == []
+    assert not [c for c in CONTROLLERS if (CGROUP_ROOT / c / PARENT / sandbox.id).exists()]

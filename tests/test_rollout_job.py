@@ -82,7 +82,7 @@ def test_rollout_takes_sandboxes_from_the_warm_pool(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     line = next(ln for ln in result.stdout.splitlines() if ln.startswith("warm pool:"))
     hits, started = (int(w) for w in line.split() if w.isdigit())
-    assert started == 3 and hits >= 1, line
+    assert started == 6 and hits >= 3, line  # per sample: the agent's, then the verifier's
     assert all(t.reward.value == 1.0 for t in TrajectoryStore(tmp_path / "run").load().trajectories)
 
 
@@ -114,8 +114,8 @@ def test_a_killed_model_server_stops_the_run_in_seconds_and_it_resumes(tmp_path,
     assert all(after[key] == trajectory for key, trajectory in before.items())  # kept as is
 
 
-def test_sigterm_stops_with_one_line_and_leaves_no_sandbox(tmp_path):
-    run_dir, work_root = tmp_path / "run", tmp_path / "sandboxes"
+def test_sigterm_stops_with_one_line_and_leaves_no_sandbox(tmp_path, work_root):
+    run_dir = tmp_path / "run"
     process = subprocess.Popen(
         [*CLI, "rollout", "--agent", "oracle", "--tasks", "demo", "--n", "4", "-j", "2",
          "--output", str(run_dir), "--set", f"sandbox.work_root={work_root}"],
@@ -130,5 +130,6 @@ def test_sigterm_stops_with_one_line_and_leaves_no_sandbox(tmp_path):
     assert process.returncode == 143
     lines = [ln for ln in stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "SIGTERM" in lines[0], stderr[-2000:]
-    assert stored_keys(run_dir) >= 2
-    assert not work_root.exists() or not any(work_root.iterdir())
+    stored = TrajectoryStore(run_dir).load().trajectories
+    assert len(stored) >= 2 and all(t.reward.value == 1.0 for t in stored)  # real, not masked
+    assert not any(work_root.iterdir())

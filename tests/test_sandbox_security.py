@@ -245,3 +245,26 @@ async def test_a_killed_runs_local_sandbox_is_reaped():
     assert list(work_root.iterdir()) == []
     work_root.rmdir()
     assert await _wait_gone("sleep 4242") == []
+
+
+def test_an_abandoned_cgroup_is_found_and_a_live_one_is_not():
+    """A cgroup whose sandbox folder is gone (a crash inside stop()) is reaped once empty."""
+    import uuid
+
+    from skyrl_agent.sandboxes.cgroups import Cgroup, abandoned_cgroups, cgroups_available
+
+    if not cgroups_available():
+        pytest.skip("needs writable cgroup v1 controllers (root)")
+    empty = Cgroup.create(f"abandoned-{uuid.uuid4().hex[:8]}", 64, 16, 0.5)
+    busy = Cgroup.create(f"busy-{uuid.uuid4().hex[:8]}", 64, 16, 0.5)
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        for path in busy.procs_files:
+            path.write_text(str(sleeper.pid))
+        names = {group.name for group in abandoned_cgroups(min_age_s=0)}
+        assert empty.name in names and busy.name not in names
+        assert empty.name not in {group.name for group in abandoned_cgroups(min_age_s=3600)}
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        assert empty.remove() and busy.remove()

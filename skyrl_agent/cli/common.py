@@ -84,6 +84,7 @@ def run_with_progress[T](make_coro: Callable[[Callable[[Any], None]], Coroutine[
         try:
             return await make_coro(finished)
         except asyncio.CancelledError:
+            await _drain(main)
             if terminated:
                 raise RunStopped("terminated by SIGTERM; work already stored is kept",
                                  exit_code=143) from None
@@ -91,6 +92,13 @@ def run_with_progress[T](make_coro: Callable[[Callable[[Any], None]], Coroutine[
 
     with progress:
         return asyncio.run(runner())
+
+
+async def _drain(main: asyncio.Task[Any]) -> None:
+    """Let clean-ups still running elsewhere finish (e.g. a sandbox's shielded stop()):
+    asyncio.run would cancel them halfway once the main task returns."""
+    others = [task for task in asyncio.all_tasks() if task is not main]
+    await asyncio.gather(*others, return_exceptions=True)
 
 
 def median(values: list[float]) -> float:

@@ -62,9 +62,9 @@ def eval_run(
 
 
 def print_summary(summary: RunSummary, title: str) -> None:
-    pass_at = ", ".join(f"pass@{k} {v:.3f}" for k, v in summary.pass_at.items())
+    pass_at = "".join(f"pass@{k} {v:.3f}, " for k, v in summary.pass_at.items())
     console.print(f"[bold]{title}[/bold]: {summary.trajectories} trajectories, {summary.tasks} "
-                  f"tasks, reward mean {summary.reward_mean:.3f}, {pass_at}, "
+                  f"tasks, reward mean {summary.reward_mean:.3f}, {pass_at}"
                   f"masked {summary.masked}", highlight=False)
     console.print(f"turns {summary.turns_mean:.1f}, prompt tokens {summary.prompt_tokens_mean:.0f}"
                   f", completion tokens {summary.completion_tokens_mean:.0f}, summaries "

@@ -105,3 +105,18 @@ class Cgroup:
                         return False
                     time.sleep(0.02)
         return True
+
+
+def abandoned_cgroups(min_age_s: float = 60.0) -> list[Cgroup]:
+    """Sandbox cgroups without a process, older than `min_age_s`. A live sandbox's exec server
+    sits in its cgroup from the first moments to stop(), so only a crashed run's are empty."""
+    parent = CGROUP_ROOT / "pids" / PARENT
+    if not parent.is_dir():
+        return []
+    found = []
+    for folder in parent.iterdir():
+        if folder.is_dir() and time.time() - folder.stat().st_mtime > min_age_s:
+            group = Cgroup(folder.name)
+            if not group.pids():
+                found.append(group)
+    return found

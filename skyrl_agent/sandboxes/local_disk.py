@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from skyrl_agent.sandboxes.base import SandboxError
-from skyrl_agent.sandboxes.cgroups import Cgroup, cgroups_available
+from skyrl_agent.sandboxes.cgroups import Cgroup, abandoned_cgroups, cgroups_available
 
 OWNER_FILE = "owner"  # "<pid>:<start time>" of the process that made the sandbox, and its id
 log = logging.getLogger(__name__)
@@ -75,7 +75,8 @@ def sandboxes_folder(work_root: Path | None) -> Path:
 
 def reap_stale_sandboxes(work_root: Path | None = None) -> int:
     """Remove local sandboxes whose owner process has exited (a killed run): their processes,
-    cgroups, disks and folders. Returns how many were removed."""
+    cgroups, disks and folders, and cgroups left empty without a folder. Returns how many
+    sandbox folders were removed."""
     base = sandboxes_folder(work_root)
     removed = 0
     for folder in base.glob("*") if base.is_dir() else []:
@@ -91,4 +92,7 @@ def reap_stale_sandboxes(work_root: Path | None = None) -> int:
             unmount(folder / "root")
         remove_tree(folder)
         removed += 1
+    if cgroups_available():  # cgroups whose folder went first (a crash inside stop())
+        for group in abandoned_cgroups():
+            group.remove()
     return removed
