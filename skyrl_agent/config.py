@@ -30,7 +30,7 @@ class Budgets:
     max_context_tokens: int
 
 
-EMBEDDED_BUDGETS = Budgets(max_turns=6, max_tokens=192, max_context_tokens=2048)
+EMBEDDED_BUDGETS = Budgets(max_turns=6, max_tokens=128, max_context_tokens=2048)
 """The embedded CPU model: small, so default runs finish on 2 cores."""
 ENDPOINT_BUDGETS = Budgets(max_turns=50, max_tokens=1024, max_context_tokens=8192)
 """A model behind an endpoint (vLLM on GPUs, any OpenAI-compatible server)."""

@@ -39,7 +39,7 @@ def rollout(
     """Run an agent on tasks with a model and store token-level trajectories in a run dir.
 
     Running it again on the same --output resumes: stored samples are skipped. Budgets default
-    by where the model runs: on the embedded CPU server 6 turns of at most 192 tokens in a
+    by where the model runs: on the embedded CPU server 6 turns of at most 128 tokens in a
     2,048-token context; on an --endpoint 50 turns of 1,024 tokens in 8,192 (agent.max_turns,
     inference.max_tokens, agent.max_context_tokens)."""
     from skyrl_agent.collector.run import Rollout

@@ -6,6 +6,7 @@ Nested columns (segments -> turns) are plain Arrow structs, so pyarrow, pandas a
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -43,7 +44,9 @@ def _numbers(values: Mapping[str, float]) -> list[dict[str, Any]]:
     return [{"name": name, "value": float(value)} for name, value in values.items()]
 
 
-def _mapping(entries: list[dict[str, Any]]) -> dict[str, float]:
+def _mapping(entries: list[dict[str, Any]] | str) -> dict[str, float]:
+    if isinstance(entries, str):  # shards written before maps were stored as numbers
+        return {str(k): float(v) for k, v in json.loads(entries).items()}
     return {entry["name"]: entry["value"] for entry in entries}
 
 
