@@ -39,14 +39,21 @@ class ScriptedServer:
     tokenizer: Any
     script: Script
     prompts: list[list[int]] = field(default_factory=list)
+    max_tokens: list[int] = field(default_factory=list)
+    """The max_tokens of each request, in order."""
+    encode: Callable[[str], list[int]] | None = None
+    """Reply text -> sampled ids; default the canonical tokenization. A test can return ids that
+    decode to the text but are not its canonical encoding, as a real model may sample them."""
     url: str = ""
 
     async def completions(self, request: web.Request) -> web.Response:
         body = await request.json()
         prompt = body["prompt"]
         self.prompts.append(prompt)
+        self.max_tokens.append(body["max_tokens"])
         text = self.script(self.tokenizer.decode(prompt))
-        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        ids = (self.encode(text) if self.encode is not None
+               else self.tokenizer.encode(text, add_special_tokens=False))
         finish = "stop"
         if len(ids) >= body["max_tokens"]:
             ids, finish = ids[: body["max_tokens"]], "length"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -45,6 +46,40 @@ def test_summary_of_a_constructed_run():
     assert summary.pass_at[4] == 1.0
     assert [(r.task_id, r.passed) for r in summary.per_task] == [("demo/a", 2), ("demo/b", 1)]
     assert summary.turns_mean == 3 and summary.finish_reasons == {"stop": 8}
+
+
+def masked(trajectory):
+    return dataclasses.replace(trajectory, masked=True, mask_reason="agent timeout")
+
+
+def test_pass_at_k_leaves_masked_samples_out():
+    """Stops: counting masked samples as failures. A masked sample carries no verdict: pass@k
+    is estimated from the unmasked ones (n = samples - masked), and k only goes as far as the
+    fewest unmasked samples of any task."""
+    runs = [make_trajectory("demo/a", i, reward) for i, reward in enumerate([1, 0, 1])]
+    runs.append(masked(make_trajectory("demo/a", 3, 0)))
+    runs += [make_trajectory("demo/b", i, reward) for i, reward in enumerate([1, 0, 0])]
+    runs.append(masked(make_trajectory("demo/b", 3, 0)))
+    summary = summarize(runs)
+    assert set(summary.pass_at) == {1, 2, 3}
+    assert summary.pass_at[1] == pytest.approx((2 / 3 + 1 / 3) / 2)
+    assert summary.pass_at[2] == pytest.approx((1.0 + (1 - 1 / 3)) / 2)
+    assert [(r.samples, r.masked, r.passed) for r in summary.per_task] == [(4, 1, 2), (4, 1, 1)]
+    assert summary.masked == 2 and summary.reward_mean == pytest.approx(3 / 6)
+
+
+def test_pass_at_k_only_for_k_every_task_supports():
+    """Stops: taking the k values from the largest group. With 4 samples of one task and 2
+    (unmasked) of another, pass@4 is not defined for the second, so it is not reported."""
+    runs = [make_trajectory("demo/a", i, reward) for i, reward in enumerate([1, 0, 0, 0])]
+    runs += [make_trajectory("demo/b", i, reward) for i, reward in enumerate([0, 1])]
+    runs += [masked(make_trajectory("demo/c", i, 0)) for i in range(3)]
+    runs += [make_trajectory("demo/c", 3 + i, reward) for i, reward in enumerate([0, 0])]
+    summary = summarize(runs)
+    assert set(summary.pass_at) == {1, 2}
+    assert summary.pass_at[1] == pytest.approx((1 / 4 + 1 / 2 + 0) / 3)
+    assert summary.pass_at[2] == pytest.approx((1 / 2 + 1 + 0) / 3)
+    assert summarize([masked(make_trajectory("demo/a", 0))]).pass_at == {}
 
 
 def write_run(run_dir: Path, count: int) -> None:

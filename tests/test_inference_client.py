@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 
 import pytest
 from aiohttp import web
@@ -68,12 +69,15 @@ def _free_port() -> int:
 SEEN = web.AppKey("seen", list)
 
 
-def _scripted_app(replies: list[int]) -> web.Application:
-    """A unit-tier stand-in server: answers the listed statuses in turn, then a completion."""
+def _scripted_app(replies: list[int], hold: asyncio.Event | None = None) -> web.Application:
+    """A unit-tier stand-in server: answers the listed statuses in turn, then a completion.
+    With `hold`, a request for the prompt [99] is answered only once `hold` is set."""
     seen: list[int] = []
 
     async def completions(request: web.Request) -> web.Response:
         seen.append(1)
+        if hold is not None and (await request.json())["prompt"] == [99]:
+            await hold.wait()
         if replies:
             return web.json_response({"error": {"message": "busy"}}, status=replies.pop(0))
         choice = {"token_ids": [7], "logprobs": {"token_logprobs": [-0.5]}, "text": "x",
@@ -124,6 +128,52 @@ async def test_gives_up_after_the_retry_deadline():
         with pytest.raises(InferenceError, match="no answer after retrying") as info:
             await client.complete([1], Sampling(max_tokens=1))
     assert info.value.status == 0
+
+
+async def test_a_client_error_fails_at_once_without_a_retry():
+    """Stops: a 4xx being retried like a 503. The request is wrong, so asking again cannot
+    help: the first answer is final (one request seen, in less than the retries' backoff)."""
+    port = _free_port()
+    # Retried, the 4th request (after 0.1 + 0.2 s of backoff) would get a completion.
+    app = _scripted_app([400, 400, 400])
+    runner = await _serve(app, port)
+    try:
+        async with InferenceClient([f"http://127.0.0.1:{port}"]) as client:
+            started = time.monotonic()
+            with pytest.raises(InferenceError) as info:
+                await client.complete([1], Sampling(max_tokens=1))
+            elapsed = time.monotonic() - started
+    finally:
+        await runner.cleanup()
+    assert info.value.status == 400 and info.value.message == "busy"
+    assert len(app[SEEN]) == 1 and elapsed < 0.3
+
+
+async def test_a_session_sticks_to_its_server_while_the_other_is_less_busy():
+    """Stops: sticky routing being dropped (every request to the least busy server). Session
+    s's first request is still running on its server, so the other one is less busy; s's next
+    request must go to s's server all the same, and only a new session goes to the idle one."""
+    release = asyncio.Event()
+    apps = [_scripted_app([], hold=release), _scripted_app([], hold=release)]
+    ports = [_free_port(), _free_port()]
+    runners = [await _serve(app, port) for app, port in zip(apps, ports, strict=True)]
+    urls = [f"http://127.0.0.1:{port}" for port in ports]
+    try:
+        async with InferenceClient(urls) as client:
+            held = asyncio.create_task(client.complete([99], Sampling(max_tokens=1),
+                                                       session_id="s"))
+            while sum(len(app[SEEN]) for app in apps) == 0:
+                await asyncio.sleep(0.01)
+            home = urls[0] if apps[0][SEEN] else urls[1]
+            again = await client.complete([1], Sampling(max_tokens=1), session_id="s")
+            other = await client.complete([1], Sampling(max_tokens=1), session_id="t")
+            release.set()
+            first = await held
+    finally:
+        for runner in runners:
+            await runner.cleanup()
+    assert first.server == again.server == home
+    assert other.server != home
 
 
 def test_vllm_command_enables_what_the_client_needs():

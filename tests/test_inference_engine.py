@@ -49,6 +49,18 @@ async def test_concurrent_rows_match_teacher_forcing(engine, tiny):
             assert max_abs_diff(out.logprobs, reference) < 1e-4
 
 
+async def test_logprobs_at_other_temperatures_are_of_the_raw_distribution(engine, tiny):
+    """Stops: the engine reporting logprobs after temperature scaling. Whatever the sampling
+    temperature, a token's logprob is the model's own (temperature 1), as teacher forcing
+    recomputes it."""
+    model, _ = tiny
+    for temperature in (0.5, 1.7):
+        params = SamplingParams(max_tokens=12, temperature=temperature, seed=5, ignore_eos=True)
+        (out,) = await engine.generate(PROMPTS[0], params)
+        reference = teacher_forced_logprobs(model, PROMPTS[0], out.token_ids)
+        assert max_abs_diff(out.logprobs, reference) < 1e-4, temperature
+
+
 async def test_batched_greedy_equals_solo(engine, tiny):
     model, tokenizer = tiny
     solo_engine = Engine(model, tokenizer, max_batch_size=1, prefix_cache_tokens=0)
@@ -194,6 +206,20 @@ def test_top_k_and_top_p_restrict_the_support():
     choice = choose(logits, [SamplingParams(max_tokens=1, logprobs=2)], [make_generator(0)])[0]
     assert [t for t, _ in choice.top] == [0, 1]
     assert choice.logprob == pytest.approx(float(torch.log_softmax(logits, -1)[0, choice.token_id]))
+
+
+def test_choose_reports_raw_logprobs_at_any_temperature():
+    """Stops: logprobs (sampled and top alternatives) taken after temperature scaling."""
+    logits = torch.tensor([[5.0, 4.0, 1.0, 0.0, -1.0]])
+    raw = torch.log_softmax(logits, -1)[0].tolist()
+    for temperature in (0, 0.5, 3.0):
+        params = SamplingParams(max_tokens=1, temperature=temperature, logprobs=2)
+        generator = make_generator(0)
+        for _ in range(30):
+            choice = choose(logits, [params], [generator])[0]
+            assert choice.logprob == pytest.approx(raw[choice.token_id]), temperature
+            assert [t for t, _ in choice.top] == [0, 1]
+            assert [lp for _, lp in choice.top] == pytest.approx(raw[:2]), temperature
 
 
 def test_prefix_cache_lru_and_longest_match():

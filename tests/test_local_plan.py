@@ -51,10 +51,17 @@ def test_copy_workdir_env_and_run_are_replayed(tmp_path):
     ("COPY --from=builder /x /y", "another build stage"),
     ("ADD https://example.org/file /app/", "downloads a URL"),
     ("COPY missing.txt /app/", "not in environment/"),
+    # Stops: a COPY/ADD source outside environment/ (host files of the task) being accepted.
+    ("COPY ../tests/test.sh /app/", "not in environment/"),
+    ("ADD ../solution /app/solution/", "not in environment/"),
+    ("COPY one.txt ../task.toml /app/", "not in environment/"),
+    # Stops: curl/wget lines being replayed instead of refused (they need the network).
+    ("RUN curl -fsSL https://example.org/install.sh | sh", "uses the network"),
+    ("RUN mkdir -p /opt && wget -q https://example.org/x.tgz", "uses the network"),
 ])
 def test_unsupported_steps_name_the_docker_backend(tmp_path, line, needle):
     with pytest.raises(UnsupportedEnvironment) as info:
-        plan_for(tmp_path, f"FROM ubuntu:24.04\nWORKDIR /app\n{line}\n")
+        plan_for(tmp_path, f"FROM ubuntu:24.04\nWORKDIR /app\n{line}\n", files={"one.txt": "1"})
     assert needle in str(info.value)
     assert "--sandbox docker" in str(info.value)
 
@@ -62,3 +69,24 @@ def test_unsupported_steps_name_the_docker_backend(tmp_path, line, needle):
 def test_multi_stage_is_refused(tmp_path):
     with pytest.raises(UnsupportedEnvironment, match="multi-stage"):
         plan_for(tmp_path, "FROM a AS build\nRUN true\nFROM b\n")
+
+
+def test_a_symlink_out_of_environment_is_refused(tmp_path):
+    """Stops: a COPY source that is a link inside environment/ to a file outside it."""
+    task = make_task(tmp_path, "plan", "true\n",
+                     dockerfile="FROM ubuntu:24.04\nWORKDIR /app\nCOPY link /app/\n")
+    (task / "environment" / "link").symlink_to(task / "tests" / "test.sh")
+    with pytest.raises(UnsupportedEnvironment, match="not in environment/"):
+        plan_local(SandboxSpec.from_task(load_task(task), SandboxConfig()))
+
+
+def test_arg_defaults_are_substituted(tmp_path):
+    """Stops: ARG defaults being ignored. `$NAME` / `${NAME}` of an ARG with a default expand
+    in ENV and COPY as the builder does; the ARG itself is not part of the runtime env."""
+    plan = plan_for(tmp_path, (
+        "FROM ubuntu:24.04\nARG VERSION=1.2.3\nARG SRC=\"data\"\nARG UNSET\n"
+        "ENV APP_VERSION=$VERSION TAG=v${VERSION}\nWORKDIR /app\nCOPY $SRC/ /app/${SRC}/\n"),
+        files={"data/a.txt": "a"})
+    assert plan.env["APP_VERSION"] == "1.2.3" and plan.env["TAG"] == "v1.2.3"
+    assert {(c.source.name, c.destination) for c in plan.copies} == {("data", "/app/data")}
+    assert not {"VERSION", "SRC", "UNSET"} & set(plan.env)

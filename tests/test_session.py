@@ -6,8 +6,14 @@ import pytest
 from transformers import AutoTokenizer
 
 from skyrl_agent.agents.rendering import ChatRenderer, TemplateError
-from skyrl_agent.agents.session import ContextOverflow, LLMSession, SessionConfig
+from skyrl_agent.agents.session import (
+    SUMMARY_HEADER,
+    ContextOverflow,
+    LLMSession,
+    SessionConfig,
+)
 from skyrl_agent.inference.client import InferenceClient
+from skyrl_agent.types import FinishReason
 from tests.scripted_server import ScriptedServer, replies
 
 
@@ -74,3 +80,108 @@ async def test_a_first_prompt_beyond_the_context_overflows(tokenizer):
         session = LLMSession(client, tokenizer, SessionConfig(max_context_tokens=256))
         with pytest.raises(ContextOverflow):
             await session.chat([{"role": "user", "content": "word " * 400}])
+
+
+async def test_the_next_prompt_extends_the_sampled_ids_not_a_retokenization(tokenizer):
+    """Stops: re-tokenizing the whole history each turn. The server samples "Hello" as the two
+    tokens "Hel" + "lo" (not the canonical single token); the next prompt must carry exactly
+    those sampled ids, which a re-render of the text would replace."""
+    (hello,) = tokenizer.encode("Hello", add_special_tokens=False)
+    split = [*tokenizer.encode("Hel", add_special_tokens=False),
+             *tokenizer.encode("lo", add_special_tokens=False)]
+    assert len(split) == 2 and tokenizer.decode(split) == "Hello"  # same text, other ids
+    eos = tokenizer.eos_token_id
+
+    def sampled(text: str) -> list[int]:
+        return list(split) if text == "Hello" else tokenizer.encode(text, add_special_tokens=False)
+
+    async with (ScriptedServer(tokenizer, replies("Hello", "bye"), encode=sampled) as server,
+                InferenceClient([server.url]) as client):
+        session = LLMSession(client, tokenizer, SessionConfig(max_tokens=50))
+        await session.chat(CONVERSATION[:2])
+        await session.chat([{"role": "user", "content": "more"}])
+    first, second = server.prompts
+    assert second[: len(first) + 3] == [*first, *split, eos]
+    assert hello not in second
+    (segment,) = session.segments
+    assert segment.turns[0].completion_ids == (*split, eos)
+    assert segment.is_token_consistent()
+    assert session.drift_tokens() > 0  # a re-render would have tokenized differently
+
+
+async def test_max_tokens_is_clipped_to_the_room_left_in_the_context(tokenizer):
+    """Stops: asking for config.max_tokens even when the context has less room left."""
+    limit = len(ChatRenderer(tokenizer).start(CONVERSATION[:2])) + 7
+    config = SessionConfig(max_context_tokens=limit, max_tokens=500, summarize_at=1.0,
+                           min_completion_tokens=1)
+    async with (ScriptedServer(tokenizer, replies("a b c d e f g h i j k")) as server,
+                InferenceClient([server.url]) as client):
+        reply = await LLMSession(client, tokenizer, config).chat(CONVERSATION[:2])
+    assert server.max_tokens == [7]
+    assert reply.finish_reason == FinishReason.LENGTH and reply.text == "a b c d e f g"
+
+
+SYSTEM = {"role": "system", "content": "You are terse."}
+TASK = {"role": "user", "content": "Fix the bug in main.py."}
+LONG_REPLY = "I read every file in the folder and ran the tests once more. " * 6
+OBSERVATION = {"role": "user", "content": "".join(f"line {i}: ok\n" for i in range(40))}
+SUMMARY = "Summary: tests ran; main.py still fails."
+
+
+def overflow_config(tokenizer, **overrides) -> SessionConfig:
+    """A context exactly as long as [system, task, LONG_REPLY, OBSERVATION]: adding the
+    observation after the long reply forces a summary, while the summary request fits and the
+    restarted segment [system, task + summary, OBSERVATION] fits with room to reply."""
+    renderer = ChatRenderer(tokenizer)
+    head = renderer.start([SYSTEM, TASK])
+    reply = [*tokenizer.encode(LONG_REPLY, add_special_tokens=False), tokenizer.eos_token_id]
+    continued = [*head, *reply, *renderer.extend(reply, [OBSERVATION])]
+    request = [*head, *reply, *renderer.extend(
+        reply, [{"role": "user", "content": SessionConfig().summary_prompt}])]
+    limit = len(continued)
+    assert len(request) + 30 < limit  # room to write the summary
+    return SessionConfig(max_context_tokens=limit, max_tokens=200, summarize_at=1.0,
+                         min_completion_tokens=1, **overrides)
+
+
+async def test_the_pending_observation_follows_the_summary(tokenizer):
+    """Stops: dropping the new messages that triggered a summary. The restarted segment must be
+    [system, task + summary] followed by exactly the pending observation."""
+    async with (ScriptedServer(tokenizer, replies(LONG_REPLY, "next", summary=SUMMARY)) as server,
+                InferenceClient([server.url]) as client):
+        session = LLMSession(client, tokenizer, overflow_config(tokenizer))
+        await session.chat([SYSTEM, TASK])
+        reply = await session.chat([OBSERVATION])
+    assert reply.text == "next" and session.summaries == 1
+    restarted_task = {"role": "user",
+                      "content": f"{TASK['content']}\n\n{SUMMARY_HEADER}\n{SUMMARY}"}
+    expected = ChatRenderer(tokenizer).start([SYSTEM, restarted_task, OBSERVATION])
+    assert server.prompts[-1] == expected
+    first, second = session.segments
+    assert first.summary_turn_index == len(first.turns) - 1 == 1
+    assert list(second.turns[0].prompt_ids) == expected
+
+
+async def test_max_summaries_is_enforced(tokenizer):
+    """Stops: summarizing past config.max_summaries. With one allowed, the second overflow
+    raises ContextOverflow without asking the model for another summary."""
+    async with (ScriptedServer(tokenizer, replies(LONG_REPLY, "next", summary=SUMMARY)) as server,
+                InferenceClient([server.url]) as client):
+        session = LLMSession(client, tokenizer, overflow_config(tokenizer, max_summaries=1))
+        await session.chat([SYSTEM, TASK])
+        await session.chat([OBSERVATION])
+        requests = len(server.prompts)
+        with pytest.raises(ContextOverflow, match="after 1 summaries"):
+            await session.chat([OBSERVATION])
+    assert len(server.prompts) == requests and session.summaries == 1
+
+
+async def test_no_summary_at_all_when_none_are_allowed(tokenizer):
+    """Stops: the max_summaries bound being off by one (max_summaries=0 must never summarize)."""
+    async with (ScriptedServer(tokenizer, replies(LONG_REPLY, summary=SUMMARY)) as server,
+                InferenceClient([server.url]) as client):
+        session = LLMSession(client, tokenizer, overflow_config(tokenizer, max_summaries=0))
+        await session.chat([SYSTEM, TASK])
+        with pytest.raises(ContextOverflow):
+            await session.chat([OBSERVATION])
+    assert len(server.prompts) == 1 and session.summaries == 0

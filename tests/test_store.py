@@ -126,6 +126,44 @@ def test_append_adds_one_index_line_and_never_a_held_key(tmp_path):
     assert rows == 2
 
 
+def test_compact_never_folds_away_a_damaged_shard(tmp_path):
+    """Stops: compact() merging only the readable shards and deleting the rest (data loss).
+    With a shard it cannot read, compaction leaves every shard and the index as they are."""
+    store = TrajectoryStore(tmp_path, writable=True)
+    store.append([make_trajectory("demo/a", 0)])
+    bad = store.append([make_trajectory("demo/b", 0)])
+    store.append([make_trajectory("demo/c", 0)])
+    store.close()
+    bad.write_bytes(b"PAR1 damaged on disk")
+    index = tmp_path / "trajectories" / "index.jsonl"
+    before = sorted(p.name for p in (tmp_path / "trajectories").glob("shard-*.parquet"))
+    indexed = index.read_text()
+    store = TrajectoryStore(tmp_path, writable=True)
+    store.compact()
+    store.close()
+    assert sorted(p.name for p in (tmp_path / "trajectories").glob("shard-*.parquet")) == before
+    assert bad.read_bytes() == b"PAR1 damaged on disk" and index.read_text() == indexed
+    assert TrajectoryStore(tmp_path).keys() == {("demo/a", 0), ("demo/b", 0), ("demo/c", 0)}
+
+
+def test_temporary_files_are_removed_when_opened_for_writing(tmp_path):
+    """Stops: `.tmp` leftovers of a crashed write (a half-written shard or index) being kept
+    after the store is opened for writing again. A reader leaves the folder alone."""
+    store = TrajectoryStore(tmp_path, writable=True)
+    store.append([make_trajectory("demo/a", 0)])
+    store.close()
+    folder = tmp_path / "trajectories"
+    leftovers = [folder / ".shard-000001-deadbeef.parquet.tmp", folder / ".index.jsonl.tmp"]
+    for leftover in leftovers:
+        leftover.write_bytes(b"half written")
+    assert TrajectoryStore(tmp_path).keys() == {("demo/a", 0)}
+    assert all(leftover.exists() for leftover in leftovers)
+    store = TrajectoryStore(tmp_path, writable=True)
+    assert not any(leftover.exists() for leftover in leftovers)
+    assert store.keys() == {("demo/a", 0)}
+    store.close()
+
+
 @pytest.mark.slow
 def test_kill_9_then_resume_loses_and_duplicates_nothing(tmp_path):
     run_dir = tmp_path / "run"

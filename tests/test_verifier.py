@@ -8,7 +8,7 @@ from skyrl_agent.config import SandboxConfig, VerifierConfig
 from skyrl_agent.envs.episode import AgentOutcome, fresh_sandboxes, run_episode
 from skyrl_agent.envs.verifier import parse_reward_json
 from skyrl_agent.tasks import load_task
-from skyrl_agent.types import FinishReason
+from skyrl_agent.types import FailureKind, FinishReason
 from tests.helpers import make_task
 
 R = "/logs/verifier"
@@ -100,4 +100,61 @@ async def test_declared_artifacts_alone_reach_the_verifier(tmp_path, backend):
 
     episode = await run_episode(load_task(task_dir), act,
                                 fresh_sandboxes(SandboxConfig(backend=backend)), VerifierConfig())
+    assert episode.reward.value == 1.0, episode.reward.reason
+
+
+def verifier_task(tmp_path, test_sh: str, settings: str, **task_args):
+    """A task whose task.toml [verifier] table also holds `settings` (TOML lines)."""
+    task_dir = make_task(tmp_path, "verifier-settings", test_sh, **task_args)
+    toml = task_dir / "task.toml"
+    toml.write_text(toml.read_text().replace("[verifier]\n", f"[verifier]\n{settings}\n"))
+    return load_task(task_dir)
+
+
+async def nothing(env) -> AgentOutcome:
+    return AgentOutcome(FinishReason.STOP)
+
+
+@pytest.mark.parametrize("mode", ["separate", "shared"])
+async def test_test_sh_gets_the_verifiers_env(tmp_path, sandbox_config, mode):
+    """Stops: test.sh running without the task's [verifier] env (on top of the sandbox's own
+    environment, which it still has)."""
+    test_sh = ('[ "$GREETING" = "hello verifier" ] && [ "$MODE" = strict ] && '
+               f'[ "$FROM_IMAGE" = yes ] && echo 1 > {R}/reward.txt\n')
+    task = verifier_task(tmp_path, test_sh,
+                         'env = { GREETING = "hello verifier", MODE = "strict" }',
+                         dockerfile="FROM ubuntu:24.04\nENV FROM_IMAGE=yes\nWORKDIR /app\n")
+    episode = await run_episode(task, nothing, fresh_sandboxes(sandbox_config),
+                                VerifierConfig(default_mode=mode))
+    assert episode.reward.value == 1.0, episode.reward.reason
+
+
+@pytest.mark.parametrize("mode", ["separate", "shared"])
+async def test_test_sh_runs_as_the_verifiers_user(tmp_path, mode):
+    """Stops: test.sh running without the task's [verifier] user (as root instead). The local
+    sandbox can only be root, so a task asking for another user is refused there, never
+    verified as root; one asking for root is verified."""
+    test_sh = f'[ "$(id -u)" = 0 ] && echo 1 > {R}/reward.txt\n'
+    task = verifier_task(tmp_path, test_sh, 'user = "nobody"')
+    episode = await run_episode(task, nothing, fresh_sandboxes(SandboxConfig()),
+                                VerifierConfig(default_mode=mode))
+    assert episode.reward.value == 0.0
+    assert episode.outcome.failure == FailureKind.UNSUPPORTED
+    assert "not as 'nobody'" in episode.reward.reason
+    task = verifier_task(tmp_path / "root", test_sh, 'user = "root"')
+    episode = await run_episode(task, nothing, fresh_sandboxes(SandboxConfig()),
+                                VerifierConfig(default_mode=mode))
+    assert episode.reward.value == 1.0, episode.reward.reason
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("mode", ["separate", "shared"])
+async def test_test_sh_runs_as_a_non_root_verifier_user_on_docker(tmp_path, mode):
+    """Stops: test.sh running as root although [verifier] names another user, and a non-root
+    test.sh unable to write its reward (or use its HOME)."""
+    test_sh = (f'[ "$(id -un)" = nobody ] && touch "$HOME/ok" && echo 1 > {R}/reward.txt\n')
+    task = verifier_task(tmp_path, test_sh, 'user = "nobody"',
+                         dockerfile="FROM ubuntu:24.04\nWORKDIR /app\n")
+    episode = await run_episode(task, nothing, fresh_sandboxes(SandboxConfig(backend="docker")),
+                                VerifierConfig(default_mode=mode))
     assert episode.reward.value == 1.0, episode.reward.reason

@@ -144,10 +144,15 @@ async def run_tests(sandbox: Sandbox, task: TaskSpec, fresh_home: bool) -> Rewar
 async def _run_tests(sandbox: Sandbox, task: TaskSpec, fresh_home: bool,
                      started: float) -> Reward:
     verifier = task.config.verifier
-    home = "$(mktemp -d /tmp/verifier-home.XXXXXX)" if fresh_home else "$HOME"
+    other_user = verifier.user not in (None, 0, "0", "root")
+    # A test.sh run as another user gets a HOME of its own and must be able to write its
+    # reward; where that user cannot exist (a local sandbox) the exec below says so.
+    home = "$(mktemp -d /tmp/verifier-home.XXXXXX)" if fresh_home or other_user else "$HOME"
+    give = (f" && {{ chown {shlex.quote(str(verifier.user))} {VERIFIER_DIR} \"$home\" "
+            "2>/dev/null || true; }" if other_user else "")
     prepared = await sandbox.exec(
         f"if [ -L /logs ]; then rm -f /logs; fi; rm -rf /tests {VERIFIER_DIR} && "
-        f"mkdir -p {VERIFIER_DIR} && echo {home}",
+        f"mkdir -p {VERIFIER_DIR} && home={home}{give} && echo \"$home\"",
         timeout=60, cwd="/", user=0)
     if not prepared.ok:
         return Reward.failed(f"could not prepare verification: {prepared.stderr.strip()[-200:]}")
