@@ -143,14 +143,15 @@ class Rollout:
 
     async def run(self, on_done: Callable[[Trajectory], Any]) -> RolloutResult:
         """Run every pending sample; finished trajectories are stored before `on_done` sees them."""
-        if self.pending and self.agent_cls.needs_model:  # a finished run needs no server
-            async with model_sessions(self.settings, self.run_dir.path) as model:
-                collector = Collector(self.settings, self.agent_cls, self.store, model.sessions,
-                                      on_done)
-                groups = await supervised(collector.run(self.tasks, self.n), model.server)
-        else:
-            collector = Collector(self.settings, self.agent_cls, self.store, None, on_done)
-            groups = await collector.run(self.tasks, self.n)
+        async with contextlib.AsyncExitStack() as stack:
+            model = None
+            if self.pending and self.agent_cls.needs_model:  # a finished run needs no server
+                model = await stack.enter_async_context(
+                    model_sessions(self.settings, self.run_dir.path))
+            collector = Collector(self.settings, self.agent_cls, self.store,
+                                  model.sessions if model else None, on_done)
+            groups = await supervised(collector.run(self.tasks, self.n),
+                                      model.server if model else None)
         await asyncio.to_thread(self.store.compact)  # one file for readers, not one per sample
         return RolloutResult([t for group in groups for t in group.trajectories],
                              collector.sandboxes.hits, collector.sandboxes.misses)
