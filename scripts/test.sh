@@ -17,13 +17,15 @@ fi
 
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
 status=$?
-# Tests must leave no local sandbox behind: no folder, no mounted disk, no cgroup.
+# Tests must leave no local sandbox behind (no folder, no mounted disk, no cgroup), and no
+# trainer's shared-memory weights file.
 left=$(find "${TMPDIR:-/tmp}/skyrl-agent-sandboxes" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l)
 mounted=$(grep -c skyrl-agent-sandboxes /proc/mounts || true)
 cgroups=$(find /sys/fs/cgroup/*/skyrl-agent -mindepth 1 -maxdepth 1 -type d 2>/dev/null | wc -l)
-if [ "$left" != 0 ] || [ "$mounted" != 0 ] || [ "$cgroups" != 0 ]; then
-  echo "error: the tests left $left local sandbox folders, $mounted mounted sandbox disks and" \
-       "$cgroups sandbox cgroups" >&2
+weights=$(find /dev/shm -maxdepth 1 -name 'skyrl-agent-weights-*' 2>/dev/null | wc -l)
+if [ "$left" != 0 ] || [ "$mounted" != 0 ] || [ "$cgroups" != 0 ] || [ "$weights" != 0 ]; then
+  echo "error: the tests left $left local sandbox folders, $mounted mounted sandbox disks," \
+       "$cgroups sandbox cgroups and $weights shared-memory weights files" >&2
   [ $status = 0 ] && status=1
 fi
 [ -n "$started" ] && bash scripts/docker-engine.sh stop

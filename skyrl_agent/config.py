@@ -154,6 +154,46 @@ class CollectorConfig(_Section):
     """Mask the whole group when one sample is masked."""
 
 
+class TrainerConfig(_Section):
+    """How trajectories become weights (the reference loop, `sft`, later `train`)."""
+
+    backend: Literal["torch"] = "torch"
+    """`torch`: a Hugging Face model on CPU, or one GPU when visible."""
+    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"] = "grpo"
+    """Advantage estimator within each group (all need n_samples_per_task >= 2)."""
+    loss_fn: Literal["ppo", "gspo", "cispo", "importance_sampling"] = "ppo"
+    """Policy loss."""
+    reduction: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = \
+        "token-mean"
+    """How per-token losses become one number (seq-mean-token-sum-norm divides by the
+    generation budget, max_turns x max_tokens: Dr. GRPO)."""
+    clip_low: float | None = Field(default=None, ge=0)
+    """Lower clip of the ratio (1 - clip_low); None uses the loss's own default."""
+    clip_high: float | None = Field(default=None, ge=0)
+    """Upper clip of the ratio (1 + clip_high); None uses the loss's own default."""
+    dual_clip: float | None = Field(default=3.0, gt=1)
+    """PPO: bound on negative-advantage tokens' loss (dual-clip); None = off."""
+    correction: Literal["none", "tis", "mis", "icepop"] = "tis"
+    """Off-policy correction of sampler/trainer mismatch."""
+    kl_coef: float = Field(default=0.0, ge=0)
+    """KL penalty to the initial policy (0 = none)."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    learning_rate: float = Field(default=1e-5, gt=0)
+    weight_decay: float = Field(default=0.0, ge=0)
+    grad_clip_norm: float = Field(default=1.0, ge=0)
+    """Clip the gradient's global norm (0 = no clipping)."""
+    micro_batch_tokens: int = Field(default=2048, ge=16)
+    """Padded tokens per forward pass; larger batches accumulate gradients."""
+    lora_rank: int = Field(default=0, ge=0)
+    """LoRA adapter rank (0 = full fine-tuning)."""
+    lora_alpha: int = Field(default=32, gt=0)
+    """LoRA scaling numerator: adapters are scaled by lora_alpha / lora_rank."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """`auto`: bfloat16 on a GPU that has it, else float32."""
+    max_steps: int = Field(default=10, gt=0)
+    """Optimizer steps of a training run."""
+
+
 class RunConfig(_Section):
     """Everything a run needs. Every stage reads its own section."""
 
@@ -163,6 +203,7 @@ class RunConfig(_Section):
     agent: AgentConfig = Field(default_factory=AgentConfig)
     inference: InferenceConfig = Field(default_factory=InferenceConfig)
     collector: CollectorConfig = Field(default_factory=CollectorConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     seed: int = 0
     """Sampling seed: each sample's requests are seeded from (seed, task, sample index), so the
     same seed and tasks give the same token ids on a server that honours request seeds."""

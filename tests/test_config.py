@@ -97,3 +97,25 @@ def test_garbled_file(tmp_path):
     bad.write_text("[sandbox\n")
     with pytest.raises(ConfigError, match="cannot parse"):
         load_config(bad)
+
+
+def test_group_advantages_need_groups_of_two():
+    from skyrl_agent.trainers.settings import check_trainable
+
+    with pytest.raises(ConfigError, match="n_samples_per_task >= 2"):
+        check_trainable(load_config(None, ["trainer.advantage=rloo"]))
+    check_trainable(load_config(None, ["collector.n_samples_per_task=2"]))
+
+
+def test_trainer_settings_become_the_loss_and_the_optimizer():
+    from skyrl_agent.trainers.loss import parse_loss_config
+    from skyrl_agent.trainers.settings import adam_params, loss_config
+
+    config = load_config(None, ["trainer.loss_fn=gspo", "trainer.correction=icepop",
+                                "trainer.grad_clip_norm=0.5", "agent.max_turns=3",
+                                "inference.max_tokens=10"])
+    loss = loss_config(config)
+    assert (loss.correction, loss.dual_clip, loss.norm_len) == ("icepop", None, 30.0)
+    assert adam_params(config.trainer).grad_clip_norm == 0.5
+    with pytest.raises(ValueError, match="clip_hgh"):
+        parse_loss_config({"clip_hgh": 0.3})  # Tinker callers send mappings: typos are caught

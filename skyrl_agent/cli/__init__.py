@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 
 from skyrl_agent import __version__
-from skyrl_agent.cli import agents, evaluate, rollout, serve, tasks
+from skyrl_agent.cli import agents, evaluate, rollout, serve, sft, tasks
 from skyrl_agent.cli.common import console, err_console
 from skyrl_agent.errors import RunStopped, UserError
 
@@ -24,6 +24,7 @@ app.add_typer(agents.app, name="agents")
 app.command()(rollout.rollout)
 app.command("eval")(evaluate.eval_run)
 app.command()(serve.serve)
+app.command()(sft.sft)
 
 
 def _version(value: bool) -> None:

@@ -37,17 +37,19 @@ SERVER_POLL_S = 0.25
 
 @dataclass
 class ModelAccess:
-    """What agents reach the model through: a session factory, and the server started for them
-    (None when the endpoint runs elsewhere)."""
+    """What agents reach the model through: a session factory, the client under it (for
+    pause / update_weights / resume), and the server started for them (None when the endpoint
+    runs elsewhere)."""
 
     sessions: SessionFactory
+    client: InferenceClient
     server: ServerProcess | None
 
 
 def record_of(settings: RunConfig, n: int) -> RunRecord:
-    """What a run dir pins: what is sampled. Concurrency and where the run dir lives may change
-    between a run and its resumption."""
-    config = json.loads(settings.model_dump_json(exclude={"collector", "output_dir"}))
+    """What a run dir pins: what is sampled. Concurrency, where the run dir lives and how a
+    trainer would use the samples may change between a run and its resumption."""
+    config = json.loads(settings.model_dump_json(exclude={"collector", "output_dir", "trainer"}))
     return RunRecord(n=n, config=config)
 
 
@@ -84,7 +86,7 @@ async def model_sessions(config: RunConfig, run_dir: Path) -> AsyncIterator[Mode
             def factory(agent: Agent, session_id: str) -> LLMSession:
                 return LLMSession(client, tokenizer, session_config, tools=agent.tools,
                                   session_id=session_id)
-            yield ModelAccess(factory, server)
+            yield ModelAccess(factory, client, server)
     finally:
         if server is not None:
             await asyncio.to_thread(server.stop)

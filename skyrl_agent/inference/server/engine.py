@@ -27,7 +27,7 @@ from transformers.cache_utils import DynamicCache
 from skyrl_agent.inference.server.kv import KVBatch
 from skyrl_agent.inference.server.prefix_cache import PrefixCache
 from skyrl_agent.inference.server.sampling import Choice, SamplingParams, choose, make_generator
-from skyrl_agent.inference.server.weights import load_weights
+from skyrl_agent.inference.server.weights import WeightLoader
 
 log = logging.getLogger(__name__)
 PauseMode = Literal["keep", "wait", "abort"]
@@ -104,6 +104,7 @@ class Engine:
         self.eos_ids = _eos_ids(model, tokenizer)
         self.device = next(model.parameters()).device
         self._prefix = PrefixCache(prefix_cache_tokens)
+        self._weights = WeightLoader()
         self._inbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._waiting: deque[_Request] = deque()
@@ -124,6 +125,7 @@ class Engine:
         self._closed = True
         self._wake.set()
         self._thread.join(timeout=10)
+        self._weights.close()
 
     @property
     def is_paused(self) -> bool:
@@ -359,7 +361,7 @@ class Engine:
 
     def _update_weights(self, path: str, version: int) -> float:
         started = time.perf_counter()
-        load_weights(self.model, path)
+        self._weights.load(self.model, path)
         self.policy_version = version
         self._prefix.clear()  # cached KV was computed by the old weights
         return time.perf_counter() - started

@@ -60,33 +60,76 @@ def _check(header: dict[str, Any], params: dict[str, torch.Tensor], name: str,
             raise WeightUpdateError(f"{name}: {key} has a truncated or inconsistent data range")
 
 
+class WeightLoader:
+    """Loads weight files into one model, keeping the last file's mapping between updates.
+
+    A trainer on the same machine rewrites one shared-memory file in place for every update.
+    Mapping it afresh each time costs a page fault per 4 KiB page, as much again as the copy
+    itself; a mapping kept from the previous update has its pages in place already. The mapping
+    is shared, so it always shows the file's current bytes. A different file (path, inode or
+    size) is mapped anew.
+    """
+
+    def __init__(self) -> None:
+        self._key: tuple[str, int, int, int] | None = None
+        self._mapped: mmap.mmap | None = None
+
+    def load(self, model: Any, path: str | Path) -> int:
+        """Copy the tensors in `path` into `model` in place; returns how many were copied."""
+        path = Path(path)
+        try:
+            info = path.stat()
+        except OSError:
+            raise WeightUpdateError(f"weights file not found: {path}") from None
+        if not path.is_file():
+            raise WeightUpdateError(f"weights file not found: {path}")
+        key = (str(path), info.st_dev, info.st_ino, info.st_size)
+        if key != self._key or self._mapped is None:
+            self.close()
+            self._mapped = _map(path)
+            self._key = key
+        return _copy_into(model, self._mapped, path.name)
+
+    def close(self) -> None:
+        if self._mapped is not None:
+            self._mapped.close()
+        self._mapped, self._key = None, None
+
+
 def load_weights(model: Any, path: str | Path) -> int:
-    """Copy the tensors in `path` into `model` in place; returns how many were copied."""
-    path = Path(path)
-    if not path.is_file():
-        raise WeightUpdateError(f"weights file not found: {path}")
-    params = model.state_dict(keep_vars=True)
+    """Copy the tensors in `path` into `model` in place, once; returns how many were copied."""
+    loader = WeightLoader()
+    try:
+        return loader.load(model, path)
+    finally:
+        loader.close()
+
+
+def _map(path: Path) -> mmap.mmap:
     with open(path, "rb") as file:
         try:
-            mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+            return mmap.mmap(file.fileno(), 0, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
         except ValueError:
             raise WeightUpdateError(f"cannot read {path.name} as safetensors: empty file") from None
-    with mapped:
-        data_start, header = _read_header(mapped, path.name)
-        _check(header, params, path.name, data_start, len(mapped))
-        buffer = memoryview(mapped)
-        try:
-            with torch.no_grad(), warnings.catch_warnings():
-                # The mapping is read-only and torch says so; nothing ever writes through it.
-                warnings.filterwarnings("ignore", message="The given buffer is not writable")
-                for key, info in header.items():
-                    begin, end = info["data_offsets"]
-                    if begin == end:
-                        continue
-                    source = torch.frombuffer(buffer[data_start + begin : data_start + end],
-                                              dtype=_DTYPES[info["dtype"]])
-                    params[key].copy_(source.view(params[key].shape))
-                    del source  # a live view would keep the mapping from closing
-        finally:
-            buffer.release()
+
+
+def _copy_into(model: Any, mapped: mmap.mmap, name: str) -> int:
+    params = model.state_dict(keep_vars=True)
+    data_start, header = _read_header(mapped, name)
+    _check(header, params, name, data_start, len(mapped))
+    buffer = memoryview(mapped)
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            # The mapping is read-only and torch says so; nothing ever writes through it.
+            warnings.filterwarnings("ignore", message="The given buffer is not writable")
+            for key, info in header.items():
+                begin, end = info["data_offsets"]
+                if begin == end:
+                    continue
+                source = torch.frombuffer(buffer[data_start + begin : data_start + end],
+                                          dtype=_DTYPES[info["dtype"]])
+                params[key].copy_(source.view(params[key].shape))
+                del source  # a live view would keep the mapping from closing
+    finally:
+        buffer.release()
     return len(header)

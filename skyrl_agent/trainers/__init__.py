@@ -1,0 +1,1 @@
+"""Trainers: stored trajectories into better weights."""

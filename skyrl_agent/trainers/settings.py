@@ -1,0 +1,50 @@
+"""From the run config's `trainer` section to what a backend takes: the backend itself, the
+loss config and the optimizer settings. Loops, `sft` and `train` all build them here."""
+
+from __future__ import annotations
+
+from skyrl_agent.config import RunConfig, TrainerConfig
+from skyrl_agent.errors import ConfigError
+from skyrl_agent.trainers.backend import AdamParams
+from skyrl_agent.trainers.loss import LossConfig
+from skyrl_agent.trainers.torch_backend import TorchBackend
+from skyrl_agent.trainers.torch_model import LoraSettings
+
+GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp")
+"""Advantage estimators that compare samples of one task: they need groups of 2 or more."""
+
+
+def check_trainable(config: RunConfig) -> None:
+    """Reject combinations a training run cannot use, with one line."""
+    n = config.collector.n_samples_per_task
+    if config.trainer.advantage in GROUP_ESTIMATORS and n < 2:
+        raise ConfigError(f"trainer.advantage={config.trainer.advantage} compares the samples of "
+                          f"a task: set collector.n_samples_per_task >= 2 (it is {n})")
+
+
+def loss_config(config: RunConfig) -> LossConfig:
+    trainer = config.trainer
+    return LossConfig(
+        reduction=trainer.reduction,
+        norm_len=float(config.agent.max_turns * config.inference.max_tokens),
+        clip_low=trainer.clip_low, clip_high=trainer.clip_high,
+        dual_clip=trainer.dual_clip if trainer.loss_fn == "ppo" else None,
+        correction=trainer.correction, kl_coef=trainer.kl_coef,
+        kl_estimator=trainer.kl_estimator)
+
+
+def adam_params(trainer: TrainerConfig, learning_rate: float | None = None) -> AdamParams:
+    return AdamParams(learning_rate=learning_rate or trainer.learning_rate,
+                      weight_decay=trainer.weight_decay, grad_clip_norm=trainer.grad_clip_norm)
+
+
+def make_backend(config: RunConfig, model: str | None = None) -> TorchBackend:
+    """The configured backend over `model` (default: the model the inference server serves)."""
+    from skyrl_agent.inference.models import resolve_model
+
+    trainer = config.trainer
+    lora = LoraSettings(rank=trainer.lora_rank, alpha=trainer.lora_alpha) \
+        if trainer.lora_rank else None
+    return TorchBackend(resolve_model(model or config.inference.model), lora=lora,
+                        dtype=trainer.dtype, micro_batch_tokens=trainer.micro_batch_tokens,
+                        seed=config.seed)

@@ -1,0 +1,104 @@
+"""The model a torch backend trains: loaded from the folder the inference server serves, with
+optional LoRA adapters (peft), and exported back in the server's parameter names."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """LoRA adapters instead of full fine-tuning (Hu et al. 2021)."""
+
+    rank: int
+    alpha: int = 32
+    target_modules: tuple[str, ...] = field(
+        default=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
+    """Linear layers (by name suffix) that get adapters."""
+
+
+def pick_device(device: str | None = None) -> torch.device:
+    """CUDA when visible, else CPU."""
+    if device:
+        return torch.device(device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """`auto`: bfloat16 on a GPU that supports it, float32 otherwise (CPU bf16 matmuls are slow
+    and would drift from a float32 server)."""
+    if dtype == "auto":
+        if device.type == "cuda" and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        return torch.float32
+    resolved = getattr(torch, dtype, None)
+    if not isinstance(resolved, torch.dtype):
+        raise ValueError(f"unknown dtype {dtype!r} (auto, float32 or bfloat16)")
+    return resolved
+
+
+def load_causal_lm(folder: Path, dtype: torch.dtype, device: torch.device,
+                   lora: LoraSettings | None) -> Any:
+    """The HF causal LM in `folder`, in eval mode (no dropout: the sampler has none either)."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # our own progress display owns the terminal
+    model: Any = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+    model.to(device)
+    model.eval()
+    if lora is not None:
+        from peft import LoraConfig, get_peft_model
+
+        config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=0.0,
+                            target_modules=list(lora.target_modules), bias="none")
+        model = get_peft_model(model, config)
+        model.eval()
+    return model
+
+
+def trainable_parameters(model: Any) -> dict[str, torch.nn.Parameter]:
+    """What the optimizer updates and checkpoints hold: every parameter, or only the adapters."""
+    return {name: p for name, p in model.named_parameters() if p.requires_grad}
+
+
+def lora_layers(model: Any) -> dict[str, Any]:
+    """The model's LoRA-wrapped layers by the server's weight name (`...q_proj.weight`)."""
+    from peft.tuners.lora import LoraLayer
+
+    prefix = "base_model.model."
+    return {f"{name.removeprefix(prefix)}.weight": module
+            for name, module in model.named_modules() if isinstance(module, LoraLayer)}
+
+
+def merged_lora_weights(model: Any) -> dict[str, torch.Tensor]:
+    """Base weight + the adapter's delta, for every adapted layer: what a server without LoRA
+    support serves. Computed fresh, so the trained model itself is never merged in place."""
+    with torch.no_grad():
+        return {name: layer.get_base_layer().weight + layer.get_delta_weight("default")
+                for name, layer in lora_layers(model).items()}
+
+
+def server_parameters(model: Any) -> dict[str, torch.Tensor]:
+    """A full model's parameters by the server's names (tied weights appear once)."""
+    return dict(model.named_parameters())
+
+
+def export_model(model: Any, source: Path, target: Path) -> None:
+    """A folder `serve --model` loads: the weights (adapters merged) and the source's tokenizer."""
+    from transformers import AutoTokenizer
+
+    if hasattr(model, "merge_and_unload"):
+        import copy
+
+        model = copy.deepcopy(model).merge_and_unload()
+    target.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(target)
+    AutoTokenizer.from_pretrained(source).save_pretrained(target)

@@ -1,0 +1,2 @@
+#!/bin/bash
+printf aaaaaaaa > /app/answer.txt

@@ -1,0 +1,85 @@
+"""Trajectories into training data: one sequence per segment, loss exactly on sampled tokens."""
+
+from __future__ import annotations
+
+import pytest
+
+from skyrl_agent.trainers.backend import Datum
+from skyrl_agent.trainers.batch import groups_to_batch, pack_turns, sft_data, trajectory_data
+from skyrl_agent.types import FinishReason, Reward, Segment, Trajectory, TrajectoryGroup, Turn
+
+
+def turn(prompt, completion, logprobs, version, mask=None, versions=None) -> Turn:
+    return Turn(prompt_ids=tuple(prompt), completion_ids=tuple(completion),
+                completion_logprobs=tuple(logprobs),
+                loss_mask=tuple(mask or [1] * len(completion)), policy_version=version,
+                finish_reason=FinishReason.STOP, token_policy_versions=versions)
+
+
+def trajectory(segments, reward=1.0, masked=False, index=0) -> Trajectory:
+    return Trajectory("t", index, "a", tuple(segments), Reward(reward), FinishReason.STOP,
+                      masked=masked, mask_reason="infra" if masked else None)
+
+
+# Segment 1: prompt [1 2] -> sampled [3 4]; observation [5]; sampled [6] (then summarized: the
+# summary turn [7] answers the prompt [1 2 3 4 5 6 70]). Segment 2: a fresh prompt [8 9] ->
+# sampled [10 11], with a weight update in the middle of the turn (versions 1 then 2).
+SEGMENT_1 = Segment((turn([1, 2], [3, 4], [-0.1, -0.2], 0),
+                     turn([1, 2, 3, 4, 5], [6], [-0.3], 0),
+                     turn([1, 2, 3, 4, 5, 6, 70], [7], [-0.4], 1)), summary_turn_index=2)
+SEGMENT_2 = Segment((turn([8, 9], [10, 11], [-0.5, -0.6], 1, versions=(1, 2)),))
+
+
+def test_a_summarized_trajectory_is_two_sequences_trained_exactly_on_its_sampled_tokens():
+    data = trajectory_data(trajectory([SEGMENT_1, SEGMENT_2]), advantage=0.5)
+    assert len(data) == 2
+    first, second = data
+    # Sequence [1 2 3 4 5 6 70 7]: the model reads all but the last token and predicts the next.
+    assert first.model_input == (1, 2, 3, 4, 5, 6, 70)
+    assert first.loss_fn_inputs["target_tokens"] == (2, 3, 4, 5, 6, 70, 7)
+    assert first.loss_fn_inputs["weights"] == (0, 1, 1, 0, 1, 0, 1)
+    assert first.loss_fn_inputs["logprobs"] == (0, -0.1, -0.2, 0, -0.3, 0, -0.4)
+    assert first.loss_fn_inputs["advantages"] == (0, 0.5, 0.5, 0, 0.5, 0, 0.5)  # summary too
+    assert first.loss_fn_inputs["policy_versions"] == (0, 0, 0, 0, 0, 0, 1)
+    assert second.model_input == (8, 9, 10)
+    assert second.loss_fn_inputs["weights"] == (0, 1, 1)
+    assert second.loss_fn_inputs["logprobs"] == (0, -0.5, -0.6)
+    assert second.loss_fn_inputs["policy_versions"] == (0, 1, 2)
+
+
+def test_packing_reads_each_token_once():
+    """Per-turn samples would read 2 + 5 + 7 prompt tokens for segment 1; packed, 7."""
+    [datum] = trajectory_data(trajectory([SEGMENT_1]), advantage=1.0)
+    assert len(datum.model_input) == len(SEGMENT_1.turns[-1].prompt_ids)
+
+
+def test_a_turn_mask_of_zero_is_respected():
+    segment = Segment((turn([1, 2], [3, 4], [-0.1, -0.2], 0, mask=[1, 0]),))
+    [datum] = trajectory_data(trajectory([segment]), 1.0)
+    assert datum.loss_fn_inputs["weights"] == (0, 1, 0)
+
+
+def test_a_prompt_that_rewrites_history_starts_a_new_sequence():
+    broken = Segment((turn([1, 2], [3], [-0.1], 0), turn([1, 9, 3, 4], [5], [-0.2], 0)))
+    data = trajectory_data(trajectory([broken]), 1.0)
+    assert [d.model_input for d in data] == [(1, 2), (1, 9, 3, 4)]
+    assert [d.loss_fn_inputs["weights"] for d in data] == [(0, 1), (0, 0, 0, 1)]
+
+
+def test_masked_trajectories_give_no_data_and_no_statistics():
+    kept = [trajectory([SEGMENT_2], reward=r, index=i) for i, r in enumerate([1.0, 0.0])]
+    masked = trajectory([SEGMENT_2], reward=1.0, masked=True, index=2)
+    batch = groups_to_batch([TrajectoryGroup("t", (*kept, masked))], "grpo")
+    assert batch.masked == 1 and batch.trajectories == 2 and len(batch.data) == 2
+    # GRPO over the two unmasked rewards only: mean 0.5, std 0.7071 -> +-0.7071.
+    assert batch.advantages[0][:2] == pytest.approx([0.70710, -0.70710], abs=1e-4)
+    assert batch.advantages[0][2] == 0.0
+    assert sft_data([masked]) == []
+
+
+def test_a_datum_rejects_misaligned_arrays():
+    with pytest.raises(ValueError, match="2 entries for 3"):
+        Datum((1, 2, 3), {"target_tokens": (2, 3)})
+    with pytest.raises(ValueError, match="unknown datum arrays"):
+        Datum((1,), {"target_tokens": (2,), "rewards": (1,)})
+    assert pack_turns([turn([1], [], [], 0)], 1.0) is None

@@ -1,0 +1,48 @@
+"""Tiny randomly initialized models for tests that must train in seconds on a CPU.
+
+`char_model_dir` builds a character-level tokenizer (printable ASCII plus a few chat tokens, ~100
+ids) with a chat template, and a small Llama over it, saved as a Hugging Face folder the embedded
+server and the trainer both load. A small vocabulary makes a random policy's per-character
+choices dense enough for a toy RL task to give signal from the first step.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+CHAT_TOKENS = ("<|pad|>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>")
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+def char_tokenizer():
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = [chr(c) for c in range(32, 127)] + ["\n", "\t"]
+    vocab = {token: i for i, token in enumerate([*CHAT_TOKENS, "<|unk|>", *chars])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<|unk|>"))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    backend.add_special_tokens(list(CHAT_TOKENS))
+    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|end|>",
+                                   pad_token="<|pad|>", unk_token="<|unk|>",
+                                   chat_template=CHAT_TEMPLATE)
+
+
+def char_model_dir(folder: Path, seed: int = 0, hidden: int = 32, layers: int = 1) -> Path:
+    """Save a random Llama over the character tokenizer into `folder`."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = char_tokenizer()
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden,
+                         intermediate_size=2 * hidden, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=1024, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
