@@ -192,6 +192,8 @@ class TrainerConfig(_Section):
     """`auto`: bfloat16 on a GPU that has it, else float32."""
     max_steps: int = Field(default=10, gt=0)
     """Optimizer steps of a training run."""
+    groups_per_step: int | None = Field(default=None, gt=0)
+    """Groups (tasks x n samples) per optimizer step; None = every task once (one epoch)."""
 
 
 class RunConfig(_Section):

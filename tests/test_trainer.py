@@ -141,3 +141,21 @@ def test_micro_batches_sum_to_the_whole_batch(char_model):
         for name, param in whole.params.items():
             assert param.grad is not None
             torch.testing.assert_close(split.params[name].grad, param.grad, rtol=1e-4, atol=1e-7)
+
+
+def test_sft_refuses_a_run_sampled_with_another_tokenizer(char_model):
+    from skyrl_agent.errors import UserError
+    from skyrl_agent.trainers.backend import Datum
+    from skyrl_agent.trainers.sft import _check_vocabulary
+
+    _check_vocabulary([Datum((5, 102), {"target_tokens": (102, 5)})], str(char_model))
+    with pytest.raises(UserError, match="token id 500 but"):
+        _check_vocabulary([Datum((5, 500), {"target_tokens": (500, 5)})], str(char_model))
+
+
+def test_bad_calls_are_refused_before_any_work(char_model):
+    backend = TorchBackend(char_model)
+    with pytest.raises(ValueError, match="unknown loss_fn 'ppo2'"):
+        backend.forward_backward(groups_to_batch(groups(0), "grpo").data, "ppo2")
+    with pytest.raises(ValueError, match="at least one datum"):
+        backend.forward_backward([], "ppo")

@@ -10,7 +10,7 @@ the store already holds.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from skyrl_agent.agents.base import Agent
@@ -44,6 +44,7 @@ class Collector:
         self.sandboxes = SandboxPool(config.sandbox, size=config.sandbox.warm_pool,
                                      start_timeout_s=config.collector.sandbox_start_timeout_s)
         """Where samples get their sandboxes: the warm pool (size 0 = a fresh one each)."""
+        self._stored: dict[tuple[str, int], Trajectory] | None = None
 
     def _bounded(self, sessions: SessionFactory) -> SessionFactory:
         def factory(agent: Agent, session_id: str) -> LLMSession:
@@ -54,24 +55,33 @@ class Collector:
 
     async def run(self, tasks: list[TaskSpec], n: int) -> list[TrajectoryGroup]:
         """Every task n times (skipping stored samples); returns the groups in task order."""
-        stored = {(t.task_id, t.sample_index): t for t in self.store.load().trajectories}
         try:
-            groups = await asyncio.gather(*[self._task(task, n, stored) for task in tasks])
+            groups = await asyncio.gather(*[self.run_group(task, range(n)) for task in tasks])
         finally:
-            await asyncio.shield(self.sandboxes.close())
+            await self.close()
         return list(groups)
 
-    async def _task(self, task: TaskSpec, n: int,
-                    stored: dict[tuple[str, int], Trajectory]) -> TrajectoryGroup:
+    async def run_group(self, task: TaskSpec, indices: Sequence[int]) -> TrajectoryGroup:
+        """The samples `indices` of one task, as a group; samples the store already holds are
+        read back, not run again."""
+        if self._stored is None:
+            self._stored = {(t.task_id, t.sample_index): t
+                            for t in self.store.load().trajectories}
+        stored = self._stored
+
         async def sample(index: int) -> Trajectory:
             if (task.name, index) in stored:
                 return stored[(task.name, index)]
             return await self._sample(task, index)
 
-        trajectories = await asyncio.gather(*[sample(i) for i in range(n)])
+        trajectories = await asyncio.gather(*[sample(i) for i in indices])
         group = self.policy.group(task.name, list(trajectories))
         self.on_group(group)
         return group
+
+    async def close(self) -> None:
+        """Stop the warm sandboxes (shielded: a cancelled run still stops them)."""
+        await asyncio.shield(self.sandboxes.close())
 
     async def _sample(self, task: TaskSpec, index: int) -> Trajectory:
         retries = 0

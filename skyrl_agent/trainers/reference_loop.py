@@ -1,13 +1,15 @@
 """The synchronous reference loop: the whole of on-policy RL for agents, in one sitting.
 
     repeat max_steps times:
-        collect n samples of every task with the current weights   (collector, sandboxes)
-        advantages within each group, trajectories -> sequences     (batch.py, algorithms/)
-        forward_backward with the policy loss, then optim_step      (the backend)
-        publish the new weights; pause(keep) -> update -> resume    (weight_sync, the server)
+        collect the step's groups with the current weights        (collector, sandboxes)
+        advantages within each group, trajectories -> sequences   (batch.py, algorithms/)
+        forward_backward with the policy loss, then optim_step    (the backend)
+        publish the new weights; pause(keep) -> update -> resume  (weight_sync, the server)
 
-Every sample of step k is drawn by policy version k, so nothing is stale. The async loop does the
-same work overlapped, and must reproduce this loop at max_staleness=0.
+Step s takes groups s*B .. s*B + B - 1 of the task stream (stream.py; B = groups_per_step) and
+every one of its samples is drawn by policy version s, so nothing is stale. Trajectories go to the
+run dir's store like a rollout's (`eval RUN_DIR` reads them). The async loop does the same work
+overlapped, and must reproduce this loop at max_staleness=0.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from skyrl_agent.tasks import resolve_tasks
 from skyrl_agent.trainers.backend import TrainerBackend
 from skyrl_agent.trainers.batch import groups_to_batch
 from skyrl_agent.trainers.settings import adam_params, check_trainable, loss_config, make_backend
+from skyrl_agent.trainers.stream import GroupSlot, TaskStream
 from skyrl_agent.types import TrajectoryGroup
 
 log = logging.getLogger(__name__)
@@ -46,27 +49,6 @@ class StepResult:
     """Mean reward of the step's unmasked samples."""
     metrics: Mapping[str, float]
     """Loss, grad norm, sampler/trainer agreement, entropy, timings."""
-
-
-def step_dir(output: Path, step: int) -> Path:
-    """Where step `step` stores its samples: a run dir `eval` can read."""
-    return output / "rollouts" / f"step-{step:05d}"
-
-
-async def collect(config: RunConfig, step: int, output: Path, sessions: Any,
-                  server: Any) -> list[TrajectoryGroup]:
-    """Every task n times with the current weights, stored in the step's own run dir."""
-    settings = config.model_copy(update={"seed": config.seed + step})
-    tasks = resolve_tasks(config.tasks.source, config.tasks.include, config.tasks.limit)
-    n = config.collector.n_samples_per_task
-    run_dir = RunDir(step_dir(output, step))
-    run_dir.prepare(record_of(settings, n))
-    store = TrajectoryStore(run_dir.path, writable=True)
-    try:
-        collector = Collector(settings, agent_class(config.agent.name), store, sessions)
-        return await supervised(collector.run(tasks, n), server)
-    finally:
-        store.close()
 
 
 async def publish(backend: TrainerBackend, client: InferenceClient, version: int) -> float:
@@ -95,31 +77,52 @@ def train_on(backend: TrainerBackend, config: RunConfig,
     return {**metrics, **out.metrics, **step.metrics}
 
 
+async def collect(collector: Collector, slots: list[GroupSlot]) -> list[TrajectoryGroup]:
+    """The slots' groups, concurrently; in slot order."""
+    return list(await asyncio.gather(
+        *[collector.run_group(s.task, s.sample_indices) for s in slots]))
+
+
+def reward_mean(groups: list[TrajectoryGroup]) -> float:
+    rewards = [t.reward.value for g in groups for t in g.trajectories if not t.masked]
+    return sum(rewards) / max(len(rewards), 1)
+
+
 async def reference_loop(config: RunConfig, output: Path,
                          on_step: Callable[[StepResult], Any] = lambda r: None,
                          ) -> list[StepResult]:
-    """Train for config.trainer.max_steps steps against the embedded server (or the endpoint)."""
+    """Train for config.trainer.max_steps steps against the embedded server (or the endpoint);
+    the run's trajectories are stored in `output`."""
     check_trainable(config)
-    await asyncio.to_thread(output.mkdir, parents=True, exist_ok=True)
+    n = config.collector.n_samples_per_task
+    tasks = resolve_tasks(config.tasks.source, config.tasks.include, config.tasks.limit)
+    stream = TaskStream(tasks, n, config.seed)
+    per_step = config.trainer.groups_per_step or len(tasks)
+    await asyncio.to_thread(RunDir(output).prepare, record_of(config, n))
+    store = TrajectoryStore(output, writable=True)
     backend = await asyncio.to_thread(make_backend, config)
     results = []
     try:
         async with model_sessions(config, output) as model:
-            for step in range(config.trainer.max_steps):
-                started = time.perf_counter()
-                groups = await collect(config, step, output, model.sessions, model.server)
-                collected = time.perf_counter()
-                metrics = await asyncio.to_thread(train_on, backend, config, groups)
-                trained = time.perf_counter()
-                metrics["sync_s"] = await publish(backend, model.client, step + 1)
-                metrics.update(collect_s=collected - started, train_s=trained - collected)
-                rewards = [t.reward.value for g in groups for t in g.trajectories
-                           if not t.masked]
-                result = StepResult(step, sum(rewards) / max(len(rewards), 1), metrics)
-                log.info("step %d: reward %.3f, %s", step, result.reward_mean,
-                         ", ".join(f"{k} {v:.4g}" for k, v in sorted(metrics.items())))
-                results.append(result)
-                on_step(result)
+            collector = Collector(config, agent_class(config.agent.name), store, model.sessions)
+            try:
+                for step in range(config.trainer.max_steps):
+                    started = time.perf_counter()
+                    slots = [stream.slot(step * per_step + i) for i in range(per_step)]
+                    groups = await supervised(collect(collector, slots), model.server)
+                    collected = time.perf_counter()
+                    metrics = await asyncio.to_thread(train_on, backend, config, groups)
+                    trained = time.perf_counter()
+                    metrics["sync_s"] = await publish(backend, model.client, step + 1)
+                    metrics.update(collect_s=collected - started, train_s=trained - collected)
+                    result = StepResult(step, reward_mean(groups), metrics)
+                    log.info("step %d: reward %.3f, %s", step, result.reward_mean,
+                             ", ".join(f"{k} {v:.4g}" for k, v in sorted(metrics.items())))
+                    results.append(result)
+                    on_step(result)
+            finally:
+                await collector.close()
     finally:
         backend.close()
+        store.close()
     return results

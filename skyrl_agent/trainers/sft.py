@@ -63,7 +63,21 @@ def plan_sft(config: RunConfig, run_dir: Path, model: str | None, epochs: int,
     sampled_with = record.section("inference", "model") if record else None
     chosen = model or (sampled_with if isinstance(sampled_with, str) else None) \
         or config.inference.model
+    _check_vocabulary(data, chosen)
     return SftPlan(data, chosen, epochs * -(-len(data) // batch_size))
+
+
+def _check_vocabulary(data: Sequence[Datum], model: str) -> None:
+    """Token ids the model has no embedding for mean the run used another tokenizer."""
+    import json
+
+    from skyrl_agent.inference.models import resolve_model
+
+    vocab = json.loads((resolve_model(model) / "config.json").read_text()).get("vocab_size")
+    highest = max(max(d.model_input, default=0) for d in data)
+    if isinstance(vocab, int) and highest >= vocab:
+        raise UserError(f"the run holds token id {highest} but {model} has {vocab} tokens: it "
+                        "was sampled with another tokenizer (choose its model with --model)")
 
 
 def batches(data: Sequence[Datum], batch_size: int, epochs: int,

@@ -30,7 +30,13 @@ from skyrl_agent.trainers.backend import (
     TrainingState,
     WeightUpdate,
 )
-from skyrl_agent.trainers.loss import LossConfig, MicroBatch, agreement, micro_batch_loss
+from skyrl_agent.trainers.loss import (
+    LOSS_FNS,
+    LossConfig,
+    MicroBatch,
+    agreement,
+    micro_batch_loss,
+)
 from skyrl_agent.trainers.loss import parse_loss_config as parse_loss_config
 from skyrl_agent.trainers.torch_model import (
     LoraSettings,
@@ -82,6 +88,10 @@ class TorchBackend:
                          loss_fn_config: LossConfig | Mapping[str, Any] | None = None,
                          ) -> ForwardBackwardOutput:
         config = parse_loss_config(loss_fn_config)
+        if loss_fn not in LOSS_FNS:
+            raise ValueError(f"unknown loss_fn {loss_fn!r}; known: {', '.join(LOSS_FNS)}")
+        if not data:
+            raise ValueError("forward_backward needs at least one datum")
         reduction_BT = token_weights(_stack(data, "weights"), config.reduction, config.norm_len)
         total = 0.0
         logprobs: list[tuple[float, ...]] = []
