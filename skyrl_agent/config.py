@@ -194,6 +194,11 @@ class TrainerConfig(_Section):
     """Optimizer steps of a training run."""
     groups_per_step: int | None = Field(default=None, gt=0)
     """Groups (tasks x n samples) per optimizer step; None = every task once (one epoch)."""
+    max_staleness: int = Field(default=1, ge=0)
+    """`train`: most policy versions between a token's sampling and its training step
+    (0 = synchronous, the reference loop)."""
+    checkpoint_every: int = Field(default=5, gt=0)
+    """`train`: save a checkpoint every this many steps (and at the last)."""
 
 
 class RunConfig(_Section):

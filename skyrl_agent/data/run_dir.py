@@ -7,6 +7,8 @@ RUN_DIR/
   final_state/         one artifact bundle per sample (what `eval --regrade` verifies again)
   run.log              the run's log (every command that writes a run dir appends to it)
   server.log           the embedded model server's output, when the run started one
+  checkpoints/         a training run's checkpoints, step-NNNNNN/ (weights, optimizer, loop)
+  tensorboard/         a training run's metrics as TensorBoard event files
 ```
 """
 
@@ -66,6 +68,14 @@ class RunDir:
     @property
     def server_log(self) -> Path:
         return self.path / "server.log"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / "checkpoints"
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.path / "tensorboard"
 
     def state_path(self, task_id: str, sample_index: int) -> Path:
         """Where one sample's final state (its artifact bundle) is kept."""

@@ -96,7 +96,7 @@ class TorchBackend:
         total = 0.0
         logprobs: list[tuple[float, ...]] = []
         sums: dict[str, float] = {}
-        trainer_N, sampler_N, entropy_N = [], [], []
+        trainer_N, sampler_N, current_N, entropy_N = [], [], [], []
         for rows in self._micro_batches(data):
             part = [data[i] for i in rows]
             logprobs_BT, logits_BTV = self._logprobs(self.model, part)
@@ -114,6 +114,10 @@ class TorchBackend:
             picked = batch.weights_BT > 0
             trainer_N.append(logprobs_BT.detach()[picked].cpu())
             sampler_N.append(batch.sampler_logprobs_BT[picked].cpu())
+            versions_BT = _stack(part, "policy_versions", self.device)
+            current_N.append((versions_BT[picked] == self.step).cpu()
+                             if any("policy_versions" in d.loss_fn_inputs for d in part)
+                             else torch.ones(int(picked.sum()), dtype=torch.bool))
             with torch.no_grad():
                 entropy_N.append(entropy_BT(logits_BTV.detach())[picked].cpu())
             logprobs.extend(_unpad(logprobs_BT.detach(), part))
@@ -124,7 +128,15 @@ class TorchBackend:
         metrics["tokens"] = float(tokens)
         metrics["entropy"] = float(torch.cat(entropy_N).mean()) if tokens else 0.0
         if any("logprobs" in d.loss_fn_inputs for d in data):
-            metrics.update(agreement(torch.cat(trainer_N), torch.cat(sampler_N)))
+            # Agreement on the tokens the current weights sampled (a bug detector); the rest
+            # measure how off-policy the batch is.
+            trainer, sampler, current = (torch.cat(trainer_N), torch.cat(sampler_N),
+                                         torch.cat(current_N))
+            metrics.update(agreement(trainer[current], sampler[current]))
+            if not bool(current.all()):
+                stale = agreement(trainer[~current], sampler[~current])
+                metrics.update({k.replace("agreement/", "off_policy/"): v
+                                for k, v in stale.items()})
         return ForwardBackwardOutput(total, tuple(logprobs), metrics)
 
     def optim_step(self, adam: AdamParams) -> OptimStepOutput:

@@ -1,0 +1,186 @@
+"""The asynchronous training loop: sampling and training overlap, within a staleness bound.
+
+Groups are drawn from the task stream and sampled while the trainer trains. Admission control
+(after AReaL): at most (max_staleness + 1) x groups_per_step groups are running or waiting to be
+trained, and a consumed group frees its place only once the weights trained on it are published.
+So a group admitted at version v is normally trained by step v + max_staleness. What still breaks
+the bound (a slow group overtaken by faster ones) is dropped and counted at batch time, never
+trained: staleness = the trainer's version - the oldest version among the group's tokens.
+
+After each step the weights go to every server between two decode steps (pause(keep) -> update
+-> resume): running turns continue with the new weights and their tokens carry the new version.
+At max_staleness = 0 nothing is admitted until the new weights are published: this is the
+reference loop, step for step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from skyrl_agent.collector.collector import Collector
+from skyrl_agent.config import RunConfig
+from skyrl_agent.inference.client import InferenceClient
+from skyrl_agent.trainers.backend import TrainerBackend
+from skyrl_agent.trainers.checkpoints import LoopState
+from skyrl_agent.trainers.reference_loop import StepResult, publish, reward_mean, train_on
+from skyrl_agent.trainers.stream import GroupSlot, TaskStream
+from skyrl_agent.types import TrajectoryGroup
+
+log = logging.getLogger(__name__)
+
+
+def oldest_version(group: TrajectoryGroup) -> int | None:
+    """The oldest policy version among the group's sampled tokens (None: nothing sampled)."""
+    versions = [min(turn.token_policy_versions or (turn.policy_version,))
+                for t in group.trajectories if not t.masked
+                for segment in t.segments for turn in segment.turns if turn.completion_ids]
+    return min(versions, default=None)
+
+
+@dataclass
+class _Outstanding:
+    """Groups admitted and not yet released (running, ready, or trained but unpublished)."""
+
+    running: dict[int, asyncio.Task[TrajectoryGroup]] = field(default_factory=dict)
+    ready: dict[int, TrajectoryGroup] = field(default_factory=dict)
+    held: int = 0
+    """Groups consumed by the step in progress: they free their places once it publishes."""
+
+    def __len__(self) -> int:
+        return len(self.running) + len(self.ready) + self.held
+
+
+class AsyncLoop:
+    """One training run's main loop over a collector, a backend and the inference servers."""
+
+    def __init__(self, config: RunConfig, backend: TrainerBackend, collector: Collector,
+                 client: InferenceClient, stream: TaskStream, state: LoopState,
+                 on_step: Callable[[StepResult], Any] = lambda r: None,
+                 on_checkpoint: Callable[[LoopState], Awaitable[Any]] | None = None) -> None:
+        self.config = config
+        self.backend = backend
+        self.collector = collector
+        self.client = client
+        self.stream = stream
+        self.state = state
+        self.on_step = on_step
+        self.on_checkpoint = on_checkpoint
+        self.max_staleness = config.trainer.max_staleness
+        self.per_step = config.trainer.groups_per_step or len(stream.tasks)
+        self.capacity = (self.max_staleness + 1) * self.per_step
+        self._outstanding = _Outstanding()
+        self._changed = asyncio.Event()
+        self._queue = list(state.pending())  # admitted before a restart, never finished
+        self._dropped_this_step = 0
+        self._step_staleness: list[int] = []
+        self._fail: BaseException | None = None
+
+    async def run(self) -> list[StepResult]:
+        results = []
+        producer = asyncio.create_task(self._produce())
+        try:
+            while self.state.step < self.config.trainer.max_steps:
+                results.append(await self._step())
+        finally:
+            producer.cancel()
+            running = list(self._outstanding.running.values())
+            for task in running:
+                task.cancel()
+            await asyncio.gather(producer, *running, return_exceptions=True)
+        return results
+
+    # ---- producing -----------------------------------------------------------------------
+
+    async def _produce(self) -> None:
+        while True:
+            while len(self._outstanding) >= self.capacity:
+                await self._wait_for_change()
+            if self._queue:
+                position = self._queue.pop(0)
+            else:
+                position = self.state.next_position
+                self.state.next_position += 1
+            self._start(self.stream.slot(position))
+
+    def _start(self, slot: GroupSlot) -> None:
+        task = asyncio.create_task(self.collector.run_group(slot.task, slot.sample_indices))
+        self._outstanding.running[slot.position] = task
+        task.add_done_callback(functools.partial(self._finished, slot.position))
+
+    def _finished(self, position: int, task: asyncio.Task[TrajectoryGroup]) -> None:
+        self._outstanding.running.pop(position, None)
+        if task.cancelled():
+            return
+        if task.exception() is not None:
+            log.error("group %d failed", position, exc_info=task.exception())
+            self._fail = task.exception()
+        else:
+            self._outstanding.ready[position] = task.result()
+        self._notify()
+
+    def _notify(self) -> None:
+        self._changed.set()
+
+    async def _wait_for_change(self) -> None:
+        await self._changed.wait()
+        self._changed.clear()
+
+    # ---- training ------------------------------------------------------------------------
+
+    async def _batch(self) -> list[TrajectoryGroup]:
+        """The next groups_per_step groups within the bound, lowest positions first; stale ones
+        are dropped on the way."""
+        batch: list[TrajectoryGroup] = []
+        version = self.backend.step
+        while len(batch) < self.per_step:
+            if self._fail is not None:
+                raise RuntimeError("a group failed to collect") from self._fail
+            if not self._outstanding.ready:
+                await self._wait_for_change()
+                continue
+            position = min(self._outstanding.ready)
+            group = self._outstanding.ready.pop(position)
+            oldest = oldest_version(group)
+            staleness = version - oldest if oldest is not None else 0
+            if staleness > self.max_staleness or staleness < 0:
+                # Too old for the bound, or (after a restart) sampled by weights the restored
+                # checkpoint never had: never trained, counted.
+                self.state.dropped.append(position)
+                self._dropped_this_step += 1
+                self._notify()
+                continue
+            self._step_staleness.append(staleness)
+            self.state.trained.append(position)
+            self._outstanding.held += 1
+            batch.append(group)
+        return batch
+
+    async def _step(self) -> StepResult:
+        started = time.perf_counter()
+        groups = await self._batch()
+        waited = time.perf_counter() - started
+        metrics = await asyncio.to_thread(train_on, self.backend, self.config, groups)
+        trained = time.perf_counter()
+        metrics["sync_s"] = await publish(self.backend, self.client, self.backend.step)
+        self._outstanding.held = 0
+        self._notify()
+        self.state.step = self.backend.step
+        metrics.update(wait_s=waited, train_s=trained - started - waited,
+                       trainer_idle=waited / max(time.perf_counter() - started, 1e-9),
+                       dropped_stale=self._dropped_this_step,
+                       staleness_max=max(self._step_staleness, default=0),
+                       staleness_mean=sum(self._step_staleness) / max(
+                           len(self._step_staleness), 1))
+        self._dropped_this_step = 0
+        self._step_staleness = []
+        result = StepResult(self.state.step - 1, reward_mean(groups), metrics)
+        self.on_step(result)
+        if self.on_checkpoint is not None:
+            await self.on_checkpoint(self.state)
+        return result
