@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -32,7 +33,8 @@ def train(
         "Samples per task, the group size (collector.n_samples_per_task)."))] = 8,
     steps: Annotated[int | None, typer.Option(min=1, help="Optimizer steps "
                                                            "(trainer.max_steps).")] = None,
-    output: Annotated[Path, typer.Option(help="Run directory.")] = Path("runs/train"),
+    output: Annotated[Path | None, typer.Option(help=(
+        "Run directory (default: runs/train-DATE-TIME, new for each run)."))] = None,
     resume: Annotated[bool, typer.Option(help="Continue the run in --output from its last "
                                               "checkpoint.")] = False,
     dry_run: Annotated[bool, typer.Option(help="Validate everything, print the plan, exit.")]
@@ -47,8 +49,13 @@ def train(
     (RUN_DIR/tensorboard). Ctrl-C or SIGTERM stops it; --resume continues from the last
     checkpoint (trainer.checkpoint_every) and the stored trajectories."""
     from skyrl_agent.config import load_config
+    from skyrl_agent.errors import UserError
     from skyrl_agent.trainers.train import TrainJob
 
+    if output is None:
+        if resume:
+            raise UserError("--resume needs the run's --output RUN_DIR")
+        output = Path("runs") / time.strftime("train-%Y%m%d-%H%M%S")
     flags = [f"agent.name={agent}", f"tasks.source={tasks}",
              f"collector.n_samples_per_task={n}", f"output_dir={output}"]
     flags += [f"trainer.max_steps={steps}"] if steps else []

@@ -114,10 +114,7 @@ class TorchBackend:
             picked = batch.weights_BT > 0
             trainer_N.append(logprobs_BT.detach()[picked].cpu())
             sampler_N.append(batch.sampler_logprobs_BT[picked].cpu())
-            versions_BT = _stack(part, "policy_versions", self.device)
-            current_N.append((versions_BT[picked] == self.step).cpu()
-                             if any("policy_versions" in d.loss_fn_inputs for d in part)
-                             else torch.ones(int(picked.sum()), dtype=torch.bool))
+            current_N.append(_sampled_by(part, self.step)[picked.cpu()])
             with torch.no_grad():
                 entropy_N.append(entropy_BT(logits_BTV.detach())[picked].cpu())
             logprobs.extend(_unpad(logprobs_BT.detach(), part))
@@ -269,6 +266,25 @@ def _stack(data: Sequence[Datum], name: str, device: torch.device | None = None,
             out[row, : len(datum.model_input)] = torch.tensor(datum.loss_fn_inputs[name],
                                                               dtype=torch.float64)
     return out if device is None else out.to(device)
+
+
+def _sampled_by(data: Sequence[Datum], version: int) -> torch.Tensor:
+    """[B, T]: True where a sampled token came from `version` with no older token before it in
+    its turn. A turn that spans a weight update continues on a KV cache the old weights wrote,
+    so even its newer tokens are not exactly the new policy's: agreement leaves them out."""
+    width = max(len(d.model_input) for d in data)
+    out = torch.zeros(len(data), width, dtype=torch.bool)
+    for row, datum in enumerate(data):
+        weights = datum.array("weights")
+        versions = datum.loss_fn_inputs.get("policy_versions")
+        clean = True
+        for i, weight in enumerate(weights):
+            if not weight:
+                clean = True  # a turn's sampled tokens are contiguous; a gap starts the next
+                continue
+            clean = clean and (versions is None or versions[i] == version)
+            out[row, i] = clean
+    return out
 
 
 def _unpad(values_BT: torch.Tensor, data: Sequence[Datum]) -> list[tuple[float, ...]]:
