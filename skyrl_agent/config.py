@@ -6,6 +6,7 @@ names the key, so a run never fails an hour in on a typo.
 
 from __future__ import annotations
 
+import copy
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -283,7 +284,12 @@ def _one_line(exc: ValidationError) -> str:
 
 def load_config(path: Path | None = None, overrides: list[str] | None = None) -> RunConfig:
     """A validated RunConfig from an optional file plus `a.b=value` overrides (applied in order)."""
-    data = _read_file(path) if path is not None else {}
+    return config_from(_read_file(path) if path is not None else {}, overrides)
+
+
+def config_from(data: dict[str, Any], overrides: list[str] | None = None) -> RunConfig:
+    """A validated RunConfig from a mapping (e.g. a run's stored settings) plus overrides."""
+    data = copy.deepcopy(data)  # overrides edit it in place
     for override in overrides or []:
         _apply_override(data, override)
     try:

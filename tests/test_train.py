@@ -67,6 +67,7 @@ def test_no_trained_token_is_older_than_the_bound(model, work_root, tmp_path):
     rows = read_metrics(tmp_path / "run")
     assert [r["step"] for r in rows] == list(range(6))
     assert max(r["staleness_max"] for r in rows) == 1  # the async path did run ahead
+    assert all(r["sampled_tokens"] > 0 and 0 <= r["pass_rate"] <= 1 for r in rows)
     assert (tmp_path / "run" / "tensorboard").is_dir()
 
 
@@ -88,7 +89,10 @@ def test_kill_9_then_resume_loses_and_repeats_nothing(model, work_root, tmp_path
     stored_before = len(TrajectoryStore(run_dir).load().trajectories)
 
     assert_one_line_error(run(*args), "--resume")
-    resumed = run(*args, "--resume")
+    assert_one_line_error(run(*args, "--resume", "--set", "trainer.learning_rate=1"),
+                          "other settings")
+    # The run's own settings are the base: --output and --resume are enough.
+    resumed = run("train", "--output", str(run_dir), "--resume")
     assert resumed.returncode == 0, resumed.stderr
     assert "resume from" in resumed.stdout
     state = json.loads((Checkpoints(run_dir).latest() / "loop.json").read_text())

@@ -24,13 +24,14 @@ SHOWN = ("loss", "grad_norm", "agreement/max_abs_diff", "staleness_max", "droppe
 
 
 def train(
-    agent: Annotated[str, typer.Option(help=(
-        "A registered agent that calls the model (terminus, openhands, answer, ...)."))]
-        = "answer",
-    tasks: Annotated[str, typer.Option(help="A bundled set, a task dir or a dir of tasks.")]
-        = "toy",
-    n: Annotated[int, typer.Option("--n", min=2, help=(
-        "Samples per task, the group size (collector.n_samples_per_task)."))] = 8,
+    agent: Annotated[str | None, typer.Option(help=(
+        "A registered agent that calls the model (terminus, openhands, answer, ...) "
+        "[default: answer]."))] = None,
+    tasks: Annotated[str | None, typer.Option(help=(
+        "A bundled set, a task dir or a dir of tasks [default: toy]."))] = None,
+    n: Annotated[int | None, typer.Option("--n", min=2, help=(
+        "Samples per task, the group size (collector.n_samples_per_task) [default: 8]."))]
+        = None,
     steps: Annotated[int | None, typer.Option(min=1, help="Optimizer steps "
                                                            "(trainer.max_steps).")] = None,
     output: Annotated[Path | None, typer.Option(help=(
@@ -48,20 +49,29 @@ def train(
     policy versions; metrics per step on stdout, in RUN_DIR/metrics.jsonl and TensorBoard
     (RUN_DIR/tensorboard). Ctrl-C or SIGTERM stops it; --resume continues from the last
     checkpoint (trainer.checkpoint_every) and the stored trajectories."""
-    from skyrl_agent.config import load_config
+    from skyrl_agent.config import config_from, load_config
+    from skyrl_agent.data.run_dir import RunDir
     from skyrl_agent.errors import UserError
     from skyrl_agent.trainers.train import TrainJob
 
+    setup_logging()
     if output is None:
         if resume:
             raise UserError("--resume needs the run's --output RUN_DIR")
         output = Path("runs") / time.strftime("train-%Y%m%d-%H%M%S")
-    flags = [f"agent.name={agent}", f"tasks.source={tasks}",
-             f"collector.n_samples_per_task={n}", f"output_dir={output}"]
-    flags += [f"trainer.max_steps={steps}"] if steps else []
-    flags += [f"inference.endpoint={endpoint}"] if endpoint else []
-    setup_logging()
-    settings = load_config(config, [*flags, *(overrides or [])])
+    given = {"agent.name": agent, "tasks.source": tasks, "collector.n_samples_per_task": n,
+             "trainer.max_steps": steps, "inference.endpoint": endpoint}
+    flags = [f"{key}={value}" for key, value in given.items() if value is not None]
+    flags.append(f"output_dir={output}")
+    if resume:  # the run's own settings; options given now must agree with them
+        record = RunDir(output).record()
+        if record is None:
+            raise UserError(f"nothing to resume in {output} (no readable config.json)")
+        settings = config_from({**record.config, "collector": {"n_samples_per_task": record.n}},
+                               [*flags, *(overrides or [])])
+    else:
+        defaults = ["agent.name=answer", "tasks.source=toy", "collector.n_samples_per_task=8"]
+        settings = load_config(config, [*defaults, *flags, *(overrides or [])])
     job = TrainJob(settings, settings.output_dir, resume=resume)
     console.print(job.plan())
     if dry_run:

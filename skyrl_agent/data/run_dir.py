@@ -104,3 +104,9 @@ class RunDir:
             return
         self.path.mkdir(parents=True, exist_ok=True)
         self.config_file.write_text(json.dumps(wanted, indent=2))
+
+    def rewrite(self, record: RunRecord) -> None:
+        """Replace config.json atomically (a resumed run that changed what may change)."""
+        staging = self.config_file.with_name(".config.json.partial")
+        staging.write_text(json.dumps({"n": record.n, "config": record.config}, indent=2))
+        staging.replace(self.config_file)

@@ -80,6 +80,7 @@ class AsyncLoop:
         self._dropped_this_step = 0
         self._step_staleness: list[int] = []
         self._fail: BaseException | None = None
+        self._last_step_end = time.perf_counter()
 
     async def run(self) -> list[StepResult]:
         results = []
@@ -171,7 +172,12 @@ class AsyncLoop:
         self._outstanding.held = 0
         self._notify()
         self.state.step = self.backend.step
-        metrics.update(wait_s=waited, train_s=trained - started - waited,
+        train_s = trained - started - waited
+        since_last = time.perf_counter() - self._last_step_end
+        self._last_step_end = time.perf_counter()
+        metrics["sampled_tokens_per_s"] = metrics.get("sampled_tokens", 0.0) / since_last
+        metrics.update(wait_s=waited, train_s=train_s,
+                       trained_tokens_per_s=metrics.get("tokens", 0.0) / max(train_s, 1e-9),
                        trainer_idle=waited / max(time.perf_counter() - started, 1e-9),
                        dropped_stale=self._dropped_this_step,
                        staleness_max=max(self._step_staleness, default=0),

@@ -63,12 +63,27 @@ async def publish(backend: TrainerBackend, client: InferenceClient, version: int
     return update.seconds + time.perf_counter() - started
 
 
+def group_metrics(groups: list[TrajectoryGroup]) -> dict[str, float]:
+    """What the step's samples were: pass rate (reward 1), masked ones by failure kind, and
+    how many tokens were sampled."""
+    samples = [t for g in groups for t in g.trajectories]
+    kept = [t for t in samples if not t.masked]
+    metrics = {"pass_rate": sum(t.reward.value >= 1.0 for t in kept) / max(len(kept), 1),
+               "sampled_tokens": float(sum(len(turn.completion_ids) for t in samples
+                                           for s in t.segments for turn in s.turns))}
+    for t in samples:
+        if t.masked:
+            key = f"masked/{t.failure or 'other'}"
+            metrics[key] = metrics.get(key, 0.0) + 1
+    return metrics
+
+
 def train_on(backend: TrainerBackend, config: RunConfig,
              groups: list[TrajectoryGroup]) -> dict[str, float]:
     """One optimizer step on the groups; the step's metrics."""
     batch = groups_to_batch(groups, config.trainer.advantage)
     metrics: dict[str, float] = {"trajectories": batch.trajectories, "masked": batch.masked,
-                                 "sequences": len(batch.data)}
+                                 "sequences": len(batch.data), **group_metrics(groups)}
     if not batch.data:
         log.warning("no trainable samples this step (all masked); weights unchanged")
         return metrics

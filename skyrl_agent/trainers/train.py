@@ -33,10 +33,20 @@ from skyrl_agent.trainers.stream import TaskStream
 log = logging.getLogger(__name__)
 
 
+RESUMABLE_CHANGES = {"max_steps", "checkpoint_every"}
+"""Trainer settings a resumed run may change: how long it goes on and how often it saves."""
+
+
 def train_record(config: RunConfig) -> RunRecord:
-    """What a training run pins: everything but concurrency and where the run dir lives."""
+    """What a training run records: everything but concurrency and where the run dir lives."""
     settings = json.loads(config.model_dump_json(exclude={"collector", "output_dir"}))
     return RunRecord(n=config.collector.n_samples_per_task, config=settings)
+
+
+def _pinned(record: RunRecord) -> RunRecord:
+    trainer = {k: v for k, v in (record.section("trainer") or {}).items()
+               if k not in RESUMABLE_CHANGES}
+    return RunRecord(record.n, {**record.config, "trainer": trainer})
 
 
 class TrainJob:
@@ -63,8 +73,8 @@ class TrainJob:
         if self.run_dir.config_file.exists() and not resume:
             raise UserError(f"{output} already holds a training run: add --resume to continue "
                             "it, or choose another --output")
-        if resume and not self.run_dir.config_file.exists():
-            raise UserError(f"nothing to resume in {output} (no config.json)")
+        if resume:
+            self._check_resumable()
 
     def plan(self) -> str:
         """What the run will do, in a few lines (`train --dry-run`)."""
@@ -84,9 +94,25 @@ class TrainJob:
             f"resume from {latest}" if latest else "starting from the model's weights",
         ])
 
+    def _check_resumable(self) -> None:
+        before = self.run_dir.record()
+        if before is None:
+            raise UserError(f"nothing to resume in {self.run_dir.path} (no readable config.json)")
+        if _pinned(before) != _pinned(train_record(self.config)):
+            raise UserError(f"{self.run_dir.path} was trained with other settings; resume it "
+                            "with the same ones (only trainer.max_steps and "
+                            "trainer.checkpoint_every may change)")
+
+    def _prepare(self) -> None:
+        """A new run dir, or a resumed one's config.json rewritten with what may change."""
+        if self.resume:
+            self.run_dir.rewrite(train_record(self.config))
+        else:
+            self.run_dir.prepare(train_record(self.config))
+
     async def run(self, on_step: Callable[[StepResult], Any] = lambda r: None,
                   ) -> list[StepResult]:
-        await asyncio.to_thread(self.run_dir.prepare, train_record(self.config))
+        await asyncio.to_thread(self._prepare)
         store = TrajectoryStore(self.run_dir.path, writable=True)
         backend = await asyncio.to_thread(make_backend, self.config)
         metrics = MetricsLog(self.run_dir.path)
