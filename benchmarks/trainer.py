@@ -17,7 +17,8 @@
 2. Packing vs one sample per turn on the same stored multi-turn trajectories (`--data RUN_DIR`,
    else a Terminus rollout on 4 demo tasks x 2 samples, 4 turns of 48 tokens, made once under
    the temporary directory and reused): sequences, tokens read, and the seconds of one
-   cross-entropy forward_backward (median of 3 after a warm-up); both must give the same loss.
+   cross-entropy forward_backward (median of 3, after a warm-up on one sequence); both must
+   give the same loss (the same tokens are trained on the same prefixes).
 3. forward_backward tokens/s at the default micro_batch_tokens (2048), from the runs of 2.
 
 Run: .venv/bin/python benchmarks/trainer.py [--data RUN_DIR]   (several minutes on 2 cores)
@@ -80,14 +81,14 @@ class RecordingClient(InferenceClient):
 
 
 async def timed(action: Callable[[], object], setup: Callable[[], object] = lambda: None,
-                runs: int = RUNS) -> float:
-    """Median seconds of `runs` runs of `action` (sync or async) after one warm-up; `setup`
-    runs untimed before each."""
+                runs: int = RUNS, warm_up: Callable[[], object] | None = None) -> float:
+    """Median seconds of `runs` runs of `action` (sync or async) after one warm-up (`action`
+    itself unless `warm_up` is given); `setup` runs untimed before each."""
     times = []
-    for _ in range(runs + 1):
+    for run in range(runs + 1):
         setup()
         started = time.perf_counter()
-        result = action()
+        result = warm_up() if run == 0 and warm_up is not None else action()
         if inspect.isawaitable(result):
             await result
         times.append(time.perf_counter() - started)
@@ -241,8 +242,11 @@ def packing(backend: TorchBackend, trajectories: Sequence[Trajectory],
             losses[name] = backend.forward_backward(
                 data, "cross_entropy", {"reduction": "token-mean"}).loss
 
+        def warm_up(data: list[Datum] = data) -> None:  # a full run would take minutes
+            backend.forward_backward(data[:1], "cross_entropy", {"reduction": "token-mean"})
+
         seconds = asyncio.run(timed(step, lambda: backend.optimizer.zero_grad(set_to_none=True),
-                                    TRAIN_RUNS))
+                                    TRAIN_RUNS, warm_up))
         out.append((name, len(data), sum(len(d.model_input) for d in data), seconds))
     first, second = losses.values()
     if abs(first - second) > 1e-4:

@@ -1,4 +1,5 @@
-"""`skyrl-agent eval`: pass@k, per-task stats, HTML report in Chromium, re-grading, bad input."""
+"""`skyrl-agent eval`: pass@k, per-task stats, HTML report and its charts in Chromium,
+re-grading, bad input."""
 
 from __future__ import annotations
 
@@ -90,18 +91,76 @@ def write_run(run_dir: Path, count: int) -> None:
     (run_dir / "config.json").write_text(json.dumps(config))
 
 
+def write_training_metrics(run_dir: Path, steps: int = 4) -> None:
+    """A training run's metrics.jsonl, without grad_norm (a run may lack some keys)."""
+    rows = [{"step": s, "reward_mean": 0.25 * s, "pass_rate": 0.2 * s, "loss": 1 / (s + 1),
+             "staleness_max": s % 2, "dropped_stale": 0, "trainer_idle": 0.5,
+             "sampled_tokens_per_s": 100.0 * s} for s in range(steps)]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
 class _Count(HTMLParser):
+    """Classes, the body's data-* markers and, per chart (svg.chart), its marks: series paths
+    with a non-empty d, bars, points, and whether the page's script saw it laid out."""
+
     def __init__(self) -> None:
         super().__init__()
         self.classes: dict[str, int] = {}
         self.rendered = None
+        self.charts_drawn = None
+        self.charts: dict[str, dict[str, int | str | None]] = {}
+        self._chart: str | None = None
 
     def handle_starttag(self, tag, attrs):
         attributes = dict(attrs)
-        for name in (attributes.get("class") or "").split():
+        classes = (attributes.get("class") or "").split()
+        for name in classes:
             self.classes[name] = self.classes.get(name, 0) + 1
         if tag == "body":
             self.rendered = attributes.get("data-rendered")
+            self.charts_drawn = attributes.get("data-charts")
+        if tag == "svg" and "chart" in classes:
+            self._chart = attributes["id"]
+            self.charts[self._chart] = {"drawn": attributes.get("data-drawn"), "series": 0,
+                                        "bar": 0, "point": 0}
+        elif self._chart is not None:
+            chart = self.charts[self._chart]
+            if tag == "path" and "series" in classes and (attributes.get("d") or "").strip():
+                chart["series"] += 1
+            for mark in ("bar", "point"):
+                chart[mark] += mark in classes
+
+    def handle_endtag(self, tag):
+        if tag == "svg":
+            self._chart = None
+
+
+RUN_CHARTS = ("chart-pass-at-k", "chart-task-reward", "chart-turns", "chart-tokens")
+TRAINING_CHARTS = ("chart-train-reward-mean", "chart-train-loss", "chart-train-staleness-max",
+                   "chart-train-trainer-idle", "chart-train-sampled-tokens-per-s")
+
+
+def test_report_charts_a_rollout_run_and_adds_a_training_runs_curves(tmp_path):
+    from skyrl_agent.evaluation.curves import training_series
+    from skyrl_agent.evaluation.html import write_report
+
+    runs = [make_trajectory("demo/a", i, r) for i, r in enumerate([1, 0, 0])]
+    runs += [make_trajectory("demo/b", i, r) for i, r in enumerate([0, 0, 1])]
+    write_report(tmp_path / "plain.html", summarize(runs), runs, "plain")
+    plain = _Count()
+    plain.feed((tmp_path / "plain.html").read_text())
+    assert list(plain.charts) == list(RUN_CHARTS)
+    assert plain.charts["chart-pass-at-k"]["point"] == 3  # k = 1, 2, 3
+    assert plain.charts["chart-task-reward"]["bar"] == 2
+    assert 'id="training-charts"' not in (tmp_path / "plain.html").read_text()
+    write_training_metrics(tmp_path)
+    write_report(tmp_path / "trained.html", summarize(runs), runs, "trained",
+                 training=training_series(tmp_path))
+    trained = _Count()
+    trained.feed((tmp_path / "trained.html").read_text())
+    assert list(trained.charts) == [*RUN_CHARTS, *TRAINING_CHARTS]  # no grad norm: not logged
+    assert trained.charts["chart-train-reward-mean"]["series"] == 2  # reward and pass rate
+    assert trained.charts["chart-train-loss"]["point"] == 4
 
 
 @pytest.mark.slow
@@ -109,6 +168,7 @@ def test_html_report_renders_in_headless_chromium(tmp_path, smollm2_dir):
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     assert browser, "Debian's chromium must be installed (scripts/setup.sh --dev)"
     write_run(tmp_path / "run", 5)
+    write_training_metrics(tmp_path / "run")
     report = tmp_path / "report.html"
     result = cli("eval", str(tmp_path / "run"), "--html", str(report))
     assert result.returncode == 0, result.stderr
@@ -123,6 +183,17 @@ def test_html_report_renders_in_headless_chromium(tmp_path, smollm2_dir):
     assert counts.rendered == "5"
     assert counts.classes.get("trajectory") == 5 and counts.classes.get("turn") == 15
     assert counts.classes.get("task-row") == 2
+    # The charts: each one laid out by the browser with non-empty marks (the page's script
+    # sets data-drawn from the marks' bounding box), in the run's and the training section.
+    assert list(counts.charts) == [*RUN_CHARTS, *TRAINING_CHARTS]
+    assert counts.charts_drawn == str(len(counts.charts))
+    assert all(chart["drawn"] == "1" for chart in counts.charts.values()), counts.charts
+    # Tasks t0 and t1 have 3 and 2 samples: pass@k for k = 1, 2; one bar per task.
+    assert counts.charts["chart-pass-at-k"] == {"drawn": "1", "series": 1, "bar": 0, "point": 2}
+    assert counts.charts["chart-task-reward"]["bar"] == 2
+    assert counts.charts["chart-turns"]["bar"] >= 1 and counts.charts["chart-tokens"]["bar"] >= 1
+    assert counts.charts["chart-train-reward-mean"]["series"] == 2
+    assert all(counts.charts[name]["series"] >= 1 for name in TRAINING_CHARTS)
 
 
 def test_eval_prints_stats_compares_and_exports_atif(tmp_path, smollm2_dir):

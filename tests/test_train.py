@@ -95,6 +95,7 @@ def test_kill_9_then_resume_loses_and_repeats_nothing(model, work_root, tmp_path
     resumed = run("train", "--output", str(run_dir), "--resume")
     assert resumed.returncode == 0, resumed.stderr
     assert "resume from" in resumed.stdout
+    assert (run_dir / "curves" / "reward.png").is_file() and "curves:" in resumed.stdout
     state = json.loads((Checkpoints(run_dir).latest() / "loop.json").read_text())
     assert state["step"] == 6
     assert len(set(state["trained"])) == len(state["trained"]) == 6

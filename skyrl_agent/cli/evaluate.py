@@ -24,8 +24,9 @@ def eval_run(
         "--compare", help="A second run: per-task rewards side by side.")] = None,
     regrade: Annotated[bool, typer.Option(
         help="Re-run each task's tests in a fresh sandbox on the stored final state.")] = False,
-    html: Annotated[Path | None, typer.Option(help="Write a self-contained HTML report.")]
-        = None,
+    html: Annotated[Path | None, typer.Option(help=(
+        "Write a self-contained HTML report: charts (pass@k, reward per task, turns and tokens; "
+        "a training run's curves) and a trajectory viewer."))] = None,
     atif: Annotated[Path | None, typer.Option(
         help="Export every trajectory as Harbor ATIF JSON into this folder.")] = None,
     sandbox: Annotated[str | None, typer.Option(help="Sandbox backend for --regrade.")] = None,
@@ -52,8 +53,10 @@ def eval_run(
     if html is not None or atif is not None:
         decode = decoder(run_dir)
         if html is not None:
+            from skyrl_agent.evaluation.curves import training_series
             from skyrl_agent.evaluation.html import write_report
-            write_report(html, summary, trajectories, f"skyrl-agent run {run_dir}", decode)
+            write_report(html, summary, trajectories, f"skyrl-agent run {run_dir}", decode,
+                         training_series(run_dir))
             err_console.print(f"report: {html}")
         if atif is not None:
             from skyrl_agent.evaluation.atif import export_atif

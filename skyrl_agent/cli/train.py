@@ -90,3 +90,8 @@ def train(
     if last is not None:
         console.print(f"trained to step {last.step + 1}; run dir {job.run_dir.path} "
                       f"(tensorboard --logdir {job.run_dir.tensorboard})")
+    from skyrl_agent.evaluation.curves import write_curves
+
+    curves = write_curves(job.run_dir.path)
+    if curves:
+        console.print(f"curves: {curves[0].parent} ({len(curves)} PNGs)")

@@ -1,8 +1,9 @@
-"""A self-contained HTML report: run summary, per-task table and a trajectory viewer.
+"""A self-contained HTML report: run summary, charts, per-task table and a trajectory viewer.
 
-One file, no network: the data is embedded as JSON and a small script renders it, with a task
-filter and expandable trajectories showing each turn's new input, the model's output and the
-reward.
+One file, no network: the charts are inline SVG (charts.py: pass@k over k, mean reward per task,
+histograms of turns and sampled tokens, and a training run's per-step curves); the data is
+embedded as JSON and a small script renders it, with a task filter and expandable trajectories
+showing each turn's new input, the model's output and the reward.
 """
 
 from __future__ import annotations
@@ -10,10 +11,13 @@ from __future__ import annotations
 import dataclasses
 import html
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from skyrl_agent.evaluation.charts import run_charts, training_charts
+from skyrl_agent.evaluation.curves import Series
 from skyrl_agent.evaluation.stats import RunSummary
 from skyrl_agent.types import Trajectory
 
@@ -48,11 +52,28 @@ def report_data(summary: RunSummary, trajectories: list[Trajectory], title: str,
             "segments": len(t.segments), "turns": _turns(t, decode)} for t in trajectories]}
 
 
+def charts_html(summary: RunSummary, trajectories: list[Trajectory],
+                training: dict[str, Series] | None = None) -> str:
+    """The charts' section(s): the run's, then (for a training run) the per-step curves."""
+    figures = "".join(f'<figure class="chart-box">{svg}</figure>'
+                      for svg in run_charts(summary, trajectories))
+    parts = [f'<h2>Charts</h2><div class="charts" id="run-charts">{figures}</div>']
+    curves = training_charts(training or {})
+    if curves:
+        figures = "".join(f'<figure class="chart-box">{svg}</figure>' for svg in curves)
+        parts.append(f'<h2>Training</h2><div class="charts" id="training-charts">{figures}</div>')
+    return "".join(parts)
+
+
 def write_report(path: Path, summary: RunSummary, trajectories: list[Trajectory], title: str,
-                 decode: Decode | None = None) -> Path:
+                 decode: Decode | None = None, training: dict[str, Series] | None = None,
+                 ) -> Path:
+    """Write the report; `training` is a training run's per-step metrics (curves.py)."""
     data = json.dumps(report_data(summary, trajectories, title, decode))
-    page = _PAGE.replace("__TITLE__", html.escape(title)).replace(
-        "__DATA__", data.replace("</", "<\\/"))  # a "</script>" in model output must not end it
+    parts = {"TITLE": html.escape(title), "CHARTS": charts_html(summary, trajectories, training),
+             "DATA": data.replace("</", "<\\/")}  # a "</script>" in model output must not end it
+    # One pass, so a placeholder's name inside the inserted text is never replaced in turn.
+    page = re.sub(r"__(TITLE|CHARTS|DATA)__", lambda m: parts[m.group(1)], _PAGE)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(page)
     return path
@@ -69,10 +90,17 @@ td, th { border: 1px solid #ccc; padding: 3px 8px; text-align: left; }
 .turn { border-left: 3px solid #8ab; margin: 8px 0 8px 8px; padding-left: 8px; }
 pre { white-space: pre-wrap; background: #f6f6f6; padding: 6px; max-height: 24em; overflow: auto; }
 .meta { color: #666; font-size: 12px; }
+.charts { display: flex; flex-wrap: wrap; gap: 8px; }
+.chart-box { margin: 0; border: 1px solid #ddd; border-radius: 4px; }
+svg.chart { font: 11px system-ui, sans-serif; fill: #333; }
+svg.chart .chart-title { font-size: 13px; font-weight: 600; }
+svg.chart line.grid { stroke: #eee; } svg.chart line.axis, svg.chart line.tick { stroke: #888; }
+svg.chart .marks rect:hover, svg.chart .marks circle:hover { opacity: 0.7; }
 </style></head>
 <body>
 <h1 id="title"></h1>
 <div id="summary"></div>
+__CHARTS__
 <h2>Tasks</h2><table id="tasks"></table>
 <h2>Trajectories</h2>
 <label>Filter by task: <input id="filter" placeholder="task name"></label>
@@ -112,6 +140,14 @@ document.getElementById("filter").addEventListener("input", e => {
   const q = e.target.value.toLowerCase();
   document.querySelectorAll(".trajectory").forEach(d => { d.style.display = d.dataset.task.toLowerCase().includes(q) ? "" : "none"; });
 });
+let drawn = 0;  // a chart counts when the browser laid out its marks with a non-empty box
+document.querySelectorAll("svg.chart").forEach(svg => {
+  const box = svg.querySelector("g.marks").getBBox();
+  const ok = box.width > 0 || box.height > 0;
+  svg.setAttribute("data-drawn", ok ? "1" : "0");
+  drawn += ok ? 1 : 0;
+});
+document.body.setAttribute("data-charts", String(drawn));
 document.body.setAttribute("data-rendered", String(data.trajectories.length));
 </script>
 </body></html>

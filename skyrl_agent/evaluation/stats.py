@@ -59,6 +59,20 @@ def _ks(n: int) -> list[int]:
     return ks + ([n] if n not in ks else [])
 
 
+def _fewest_scored(rows: list[TaskRow]) -> int:
+    return min((r.samples - r.masked for r in rows), default=0)
+
+
+def _pass_at(rows: list[TaskRow], ks: list[int]) -> dict[int, float]:
+    return {k: _mean([pass_at_k(r.samples - r.masked, r.passed, k) for r in rows]) for k in ks}
+
+
+def pass_at_curve(summary: RunSummary) -> dict[int, float]:
+    """k -> mean over tasks of pass@k for every k from 1 to the fewest unmasked samples of any
+    task (empty when some task has none)."""
+    return _pass_at(summary.per_task, list(range(1, _fewest_scored(summary.per_task) + 1)))
+
+
 def summarize(trajectories: list[Trajectory]) -> RunSummary:
     by_task: dict[str, list[Trajectory]] = defaultdict(list)
     for t in trajectories:
@@ -70,9 +84,8 @@ def summarize(trajectories: list[Trajectory]) -> RunSummary:
                             sum(t.reward.value >= PASS_THRESHOLD for t in scored),
                             _mean([t.reward.value for t in scored]),
                             len(samples) - len(scored), _mean([t.num_turns for t in samples])))
-    smallest = min((r.samples - r.masked for r in rows), default=0)
-    pass_at = {k: _mean([pass_at_k(r.samples - r.masked, r.passed, k) for r in rows])
-               for k in _ks(smallest)} if smallest else {}
+    smallest = _fewest_scored(rows)
+    pass_at = _pass_at(rows, _ks(smallest)) if smallest else {}
     unmasked = [t for t in trajectories if not t.masked]
 
     def metric(name: str) -> list[float]:

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from skyrl_agent.data.run_dir import RunDir
-from skyrl_agent.trainers.reference_loop import StepResult
+
+if TYPE_CHECKING:  # readers of metrics.jsonl (eval) should not pay for torch
+    from skyrl_agent.trainers.reference_loop import StepResult
 
 
 class MetricsLog:
