@@ -105,6 +105,7 @@ def test_kill_9_then_resume_loses_and_repeats_nothing(model, work_root, tmp_path
     assert len({(t.task_id, t.sample_index) for t in stored}) == len(stored)  # none twice
     positions = {t.sample_index // 8 for t in stored}
     assert set(state["trained"]) | set(state["dropped"]) <= positions
+    assert not any(work_root.iterdir())  # the killed run's sandboxes were reaped
 
 
 def test_train_rejects_bad_input_with_one_line(tmp_path):

@@ -25,12 +25,12 @@ SHOWN = ("loss", "grad_norm", "agreement/max_abs_diff", "staleness_max", "droppe
 
 def train(
     agent: Annotated[str | None, typer.Option(help=(
-        "A registered agent that calls the model (terminus, openhands, answer, ...) "
-        "[default: answer]."))] = None,
+        "A registered agent that calls the model: answer (default), terminus, openhands, ..."))]
+        = None,
     tasks: Annotated[str | None, typer.Option(help=(
-        "A bundled set, a task dir or a dir of tasks [default: toy]."))] = None,
+        "A bundled set, a task dir or a dir of tasks (default: toy)."))] = None,
     n: Annotated[int | None, typer.Option("--n", min=2, help=(
-        "Samples per task, the group size (collector.n_samples_per_task) [default: 8]."))]
+        "Samples per task, the group size (collector.n_samples_per_task; default: 8)."))]
         = None,
     steps: Annotated[int | None, typer.Option(min=1, help="Optimizer steps "
                                                            "(trainer.max_steps).")] = None,

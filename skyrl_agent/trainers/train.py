@@ -112,7 +112,10 @@ class TrainJob:
 
     async def run(self, on_step: Callable[[StepResult], Any] = lambda r: None,
                   ) -> list[StepResult]:
+        from skyrl_agent.sandboxes.reaper import reap_leftovers
+
         await asyncio.to_thread(self._prepare)
+        await asyncio.to_thread(reap_leftovers, self.config.sandbox)  # a killed run's sandboxes
         store = TrajectoryStore(self.run_dir.path, writable=True)
         backend = await asyncio.to_thread(make_backend, self.config)
         metrics = MetricsLog(self.run_dir.path)
