@@ -123,6 +123,10 @@ class AgentConfig(_Section):
     """Summaries allowed per trajectory; past them the run ends with context_overflow."""
     summary_prompt: str | None = None
     """The request that asks the model to summarize; None uses the built-in one."""
+    max_sampled_tokens: int | None = Field(default=None, gt=0)
+    """Most tokens one trajectory may sample over all its turns: a straggler deadline in
+    tokens beside the wall-clock `timeout_s` (None = no limit). The trajectory then ends with
+    finish reason token_budget and is verified as it stands."""
 
 
 class InferenceConfig(_Section):

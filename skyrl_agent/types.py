@@ -24,6 +24,8 @@ class FinishReason(enum.StrEnum):
     """The conversation no longer fits the context window, even after summarization."""
     MAX_TURNS = "max_turns"
     """The agent used up its turn budget."""
+    TOKEN_BUDGET = "token_budget"
+    """The trajectory sampled its `agent.max_sampled_tokens` (a straggler stopped)."""
     AGENT_TIMEOUT = "agent_timeout"
     """The agent ran past its deadline."""
     SANDBOX_ERROR = "sandbox_error"

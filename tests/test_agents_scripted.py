@@ -93,6 +93,18 @@ async def test_terminus_wait_is_capped_and_ctrl_c_recovers(tokenizer):
     assert trajectory.agent_time_s < 30
 
 
+async def test_a_straggler_is_stopped_by_its_token_budget_and_still_verified(tokenizer):
+    """Stops: an agent that keeps talking past agent.max_sampled_tokens (a straggler)."""
+    script = replies(*[terminus("echo busy\n")] * 20)
+    budget = SessionConfig(max_tokens=400, max_sampled_tokens=150)
+    trajectory, prompts = await rollout(TerminusAgent(), "demo/hello-file", script, tokenizer,
+                                        session=budget)
+    assert trajectory.finish_reason == FinishReason.TOKEN_BUDGET and not trajectory.masked
+    assert trajectory.reward.reason is None and trajectory.reward.value == 0.0  # verified
+    assert sum(len(t.completion_ids) for s in trajectory.segments for t in s.turns) <= 150
+    assert 1 < len(prompts) < 20
+
+
 def overflow_script(busy: str, solve: str, done: list[str]) -> tuple:
     """Busy replies until a summary was asked for, then solve and finish."""
     state = {"summarized": False, "queue": [solve, *done]}

@@ -11,6 +11,7 @@ from skyrl_agent.agents.session import (
     ContextOverflow,
     LLMSession,
     SessionConfig,
+    TokenBudgetSpent,
 )
 from skyrl_agent.inference.client import InferenceClient
 from skyrl_agent.types import FinishReason
@@ -185,3 +186,18 @@ async def test_no_summary_at_all_when_none_are_allowed(tokenizer):
         with pytest.raises(ContextOverflow):
             await session.chat([OBSERVATION])
     assert len(server.prompts) == 1 and session.summaries == 0
+
+
+async def test_a_token_budget_stops_a_straggler_across_turns(tokenizer):
+    """Stops: a trajectory sampling past agent.max_sampled_tokens (a straggler)."""
+    config = SessionConfig(max_tokens=50, max_sampled_tokens=10)
+    async with (ScriptedServer(tokenizer, replies("a b c d e f", "g h i j k l m n")) as server,
+                InferenceClient([server.url]) as client):
+        session = LLMSession(client, tokenizer, config)
+        await session.chat(CONVERSATION[:2])
+        first = session.sampled_tokens
+        await session.chat([{"role": "user", "content": "more"}])
+        assert server.max_tokens == [10, 10 - first]  # the second call gets what is left
+        assert session.sampled_tokens == 10
+        with pytest.raises(TokenBudgetSpent):
+            await session.chat([{"role": "user", "content": "again"}])

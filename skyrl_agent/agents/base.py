@@ -85,7 +85,7 @@ class ModelAgent(Agent):
     """
 
     async def run(self, env: Env, llm: LLMSession | None) -> AgentResult:
-        from skyrl_agent.agents.session import ContextOverflow
+        from skyrl_agent.agents.session import ContextOverflow, TokenBudgetSpent
 
         if llm is None:
             raise ValueError(f"agent {self.name!r} needs a model session")
@@ -94,6 +94,8 @@ class ModelAgent(Agent):
             finish = await self.act(env, llm)
         except ContextOverflow:
             finish = FinishReason.CONTEXT_OVERFLOW
+        except TokenBudgetSpent:
+            finish = FinishReason.TOKEN_BUDGET
         return AgentResult(finish, dict(self.counts))
 
     def count(self, key: str, amount: float = 1) -> None:

@@ -34,6 +34,10 @@ class ContextOverflow(Exception):
     """The conversation does not fit the context window, even after summarizing."""
 
 
+class TokenBudgetSpent(Exception):
+    """The trajectory has sampled its `max_sampled_tokens`: a straggler stopped."""
+
+
 @dataclass(frozen=True)
 class SessionConfig:
     """Budgets and sampling of one session."""
@@ -52,6 +56,9 @@ class SessionConfig:
     max_summaries: int = 4
     """Past this many summaries in one trajectory the session gives up (context overflow)."""
     summary_prompt: str = SUMMARY_PROMPT
+    max_sampled_tokens: int | None = None
+    """Most tokens the whole trajectory may sample, summaries included (a straggler deadline);
+    each call's max_tokens is cut to what is left. None = no limit."""
 
 
 @dataclass(frozen=True)
@@ -157,7 +164,17 @@ class LLMSession:
         if room < 1:
             raise ContextOverflow(f"the prompt has {prompt_len} tokens; the context is "
                                   f"{self.config.max_context_tokens}")
+        if self.config.max_sampled_tokens is not None:
+            left = self.config.max_sampled_tokens - self.sampled_tokens
+            if left < 1:
+                raise TokenBudgetSpent(f"sampled {self.sampled_tokens} tokens, the budget is "
+                                       f"{self.config.max_sampled_tokens}")
+            room = min(room, left)
         return min(wanted, room)
+
+    @property
+    def sampled_tokens(self) -> int:
+        return sum(len(t.completion_ids) for s in self._segments for t in s.turns)
 
     async def _summarize_and_restart(self, pending: list[Message]) -> list[int]:
         if self.summaries >= self.config.max_summaries or not self._current.turns:

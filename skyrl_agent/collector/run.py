@@ -74,7 +74,8 @@ async def model_sessions(config: RunConfig, run_dir: Path) -> AsyncIterator[Mode
     session_config = SessionConfig(
         max_context_tokens=budget.max_context_tokens, max_tokens=inference.max_tokens,
         temperature=inference.temperature, top_p=inference.top_p,
-        summarize_at=budget.summarize_at, max_summaries=budget.max_summaries)
+        summarize_at=budget.summarize_at, max_summaries=budget.max_summaries,
+        max_sampled_tokens=budget.max_sampled_tokens)
     if budget.summary_prompt:
         session_config = dataclasses.replace(session_config, summary_prompt=budget.summary_prompt)
     try:

@@ -1,0 +1,246 @@
+"""Synchronous vs asynchronous training on a long-tailed workload, side by side in one run.
+
+The same number of trajectories is trained in every configuration: trainer.max_steps steps of
+groups_per_step groups x 8 samples. Everything is real (the embedded server on a tiny random
+char-level model, the collector with local sandboxes and separate-mode verification, the torch
+trainer, weight sync) except the agent: `lognormal-answer` first waits a lognormal time (median
+--median s, shape --sigma, capped at 30 s; drawn from the sample's own seed, so a given (task,
+sample index) waits as long in every configuration), then asks the model once and writes the
+reply for the toy task's tests (toy/eight-a: the share of a's among the reply's first 8 letters).
+
+Configurations, each a fresh TrainJob in its own run dir, run back to back in this process:
+max_staleness 0 (synchronous, the reference loop) and 1, 2, 4 (asynchronous). Per configuration:
+wall-clock of TrainJob.run (server start and stop included) and of the training itself (the
+first agent start to the last step's end), each with its ratio to the synchronous one; the
+share of CPU time busy over the run (/proc/stat, all cores; the machine is shared); mean
+trainer_idle (the share of each step spent waiting for groups); trajectories stored (sampled)
+vs trained; groups dropped as too stale; the largest staleness trained; the final reward as the
+steps saw it (mean of the last 2 steps' reward_mean: samples of versions up to max_staleness
+behind) and of the final weights (the last checkpoint exported, --eval fresh samples of the
+plain answer agent with another seed). collector.max_concurrent_sandboxes is (4 + 1) x
+groups_per_step x 8 everywhere, so it never caps the admission window of max_staleness 4.
+The latency floor of the synchronous run is the sum over steps of the longest wait of the step.
+Target (the issue, after AReaL's 2.77x): >= 2.5x with no reward loss.
+
+Run: .venv/bin/python benchmarks/async_speedup.py [--steps 8] [--median 1] [--sigma 1]
+     [--eval 64]   (about 8 minutes on 2 cores; --median 3 about 11)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.tiny_models
+
+from skyrl_agent import plugins
+from skyrl_agent.agents.answer import AnswerAgent
+from skyrl_agent.agents.session import LLMSession
+from skyrl_agent.collector.rollout import sample_seed
+from skyrl_agent.collector.run import Rollout
+from skyrl_agent.config import RunConfig, load_config
+from skyrl_agent.data.store import TrajectoryStore
+from skyrl_agent.envs.env import Env
+from skyrl_agent.trainers.checkpoints import Checkpoints
+from skyrl_agent.trainers.reference_loop import StepResult
+from skyrl_agent.trainers.settings import make_backend
+from skyrl_agent.trainers.train import TrainJob
+from skyrl_agent.types import FinishReason
+from tests.tiny_models import char_model_dir
+
+STALENESS = (0, 1, 2, 4)
+N = 8
+TASK = "toy/eight-a"
+MAX_WAIT_S = 30.0  # well inside the toy task's 60 s agent timeout
+
+
+class LognormalAnswerAgent(AnswerAgent):
+    """AnswerAgent after a lognormal wait: a long-tailed stand-in for multi-turn agent work."""
+
+    name = "lognormal-answer"
+    median_s: ClassVar[float] = 1.0
+    sigma: ClassVar[float] = 1.0
+    first_start: ClassVar[float | None] = None
+    """perf_counter() when the first agent of the current configuration started."""
+    _fallback: ClassVar[random.Random] = random.Random(0)
+
+    @classmethod
+    def wait_s(cls, seed: int | None) -> float:
+        rng = cls._fallback if seed is None else random.Random(f"latency/{seed}")
+        return min(cls.median_s * rng.lognormvariate(0.0, cls.sigma), MAX_WAIT_S)
+
+    async def act(self, env: Env, llm: LLMSession) -> FinishReason:
+        cls = type(self)
+        if cls.first_start is None:
+            cls.first_start = time.perf_counter()
+        await asyncio.sleep(cls.wait_s(llm.seed))  # the sample's seed: same wait in every run
+        return await super().act(env, llm)
+
+
+@dataclass
+class Outcome:
+    staleness: int
+    wall_s: float
+    loop_s: float
+    busy: float
+    idle: float
+    train_s: float
+    sampled: int
+    trained: int
+    masked: int
+    dropped: int
+    staleness_max: int
+    final_reward: float
+    eval_reward: float
+    rewards: list[float]
+
+
+def load_line(label: str) -> str:
+    one, five, _ = os.getloadavg()
+    return f"{label}: load average {one:.1f} (1 min), {five:.1f} (5 min)"
+
+
+def cpu_times() -> tuple[int, int]:
+    """(busy, total) jiffies of all cores since boot."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def sync_floor(args: argparse.Namespace) -> float:
+    """Seconds the synchronous run waits on agents alone: each step's longest wait."""
+    per_step = args.groups_per_step * N
+    waits = [LognormalAnswerAgent.wait_s(sample_seed(0, TASK, i))
+             for i in range(args.steps * per_step)]
+    return sum(max(waits[s:s + per_step]) for s in range(0, len(waits), per_step))
+
+
+def final_policy_reward(config: RunConfig, run_dir: Path, samples: int) -> float:
+    """Mean reward of fresh samples from the last checkpoint's weights (seed 1: unseen)."""
+    backend = make_backend(config)
+    try:
+        latest = Checkpoints(run_dir).latest()
+        assert latest is not None
+        Checkpoints(run_dir).load(backend, latest)
+        backend.export(run_dir / "final-model")
+    finally:
+        backend.close()
+    settings = config.model_copy(update={
+        "agent": config.agent.model_copy(update={"name": "answer"}),
+        "inference": config.inference.model_copy(update={"model": str(run_dir / "final-model")}),
+        "seed": 1})
+    job = Rollout(settings, samples, run_dir / "final-eval")
+    try:
+        result = asyncio.run(job.run(lambda trajectory: None))
+    finally:
+        job.close()
+    rewards = [t.reward.value for t in result.trajectories if not t.masked]
+    return statistics.mean(rewards) if rewards else float("nan")
+
+
+def one_configuration(staleness: int, model: Path, work_root: Path, run_dir: Path,
+                      args: argparse.Namespace) -> Outcome:
+    config = load_config(None, [
+        "agent.name=lognormal-answer", "tasks.source=toy", f"inference.model={model}",
+        "inference.max_tokens=8", f"collector.n_samples_per_task={N}",
+        f"collector.max_concurrent_sandboxes={(max(STALENESS) + 1) * args.groups_per_step * N}",
+        "trainer.learning_rate=3e-2", f"trainer.groups_per_step={args.groups_per_step}",
+        f"trainer.max_steps={args.steps}", f"trainer.checkpoint_every={args.steps}",
+        f"trainer.max_staleness={staleness}", f"sandbox.work_root={work_root}"])
+    LognormalAnswerAgent.first_start = None
+    step_ends: list[float] = []
+    busy_before, total_before = cpu_times()
+    started = time.perf_counter()
+    results: list[StepResult] = asyncio.run(TrainJob(config, run_dir).run(
+        lambda result: step_ends.append(time.perf_counter())))
+    wall = time.perf_counter() - started
+    busy_after, total_after = cpu_times()
+    first = LognormalAnswerAgent.first_start or started
+    metrics = [r.metrics for r in results]
+    stored = TrajectoryStore(run_dir).load().trajectories
+    eval_reward = final_policy_reward(config, run_dir, args.eval) if args.eval else float("nan")
+    return Outcome(
+        staleness=staleness, wall_s=wall, loop_s=step_ends[-1] - first,
+        busy=(busy_after - busy_before) / max(total_after - total_before, 1),
+        idle=statistics.mean(m["trainer_idle"] for m in metrics),
+        train_s=sum(m["train_s"] + m["sync_s"] for m in metrics),
+        sampled=len(stored),
+        trained=int(sum(m["trajectories"] + m["masked"] for m in metrics)),
+        masked=int(sum(m["masked"] for m in metrics)),
+        dropped=int(sum(m["dropped_stale"] for m in metrics)),
+        staleness_max=int(max(m["staleness_max"] for m in metrics)),
+        final_reward=statistics.mean(r.reward_mean for r in results[-2:]),
+        eval_reward=eval_reward, rewards=[r.reward_mean for r in results])
+
+
+def table(outcomes: Sequence[Outcome]) -> str:
+    sync = outcomes[0]
+    lines = ["| max_staleness | wall s | x sync | training s | x sync | CPU busy | trainer idle | "
+             "train+sync s | sampled | trained | masked | dropped groups | staleness max | "
+             "reward, last 2 steps | reward, final weights |",
+             "|---|" + "---:|" * 14]
+    for o in outcomes:
+        name = f"{o.staleness} (sync)" if o.staleness == 0 else str(o.staleness)
+        lines.append(
+            f"| {name} | {o.wall_s:.1f} | {sync.wall_s / o.wall_s:.2f} | {o.loop_s:.1f} | "
+            f"{sync.loop_s / o.loop_s:.2f} | {100 * o.busy:.0f}% | {100 * o.idle:.1f}% | "
+            f"{o.train_s:.2f} | {o.sampled} | {o.trained} | {o.masked} | {o.dropped} | "
+            f"{o.staleness_max} | {o.final_reward:.3f} | {o.eval_reward:.3f} |")
+    return "\n".join(lines)
+
+
+def commit() -> str:
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True, check=False, cwd=Path(__file__).parent)
+    return done.stdout.strip() or "unknown"
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=8, help="trainer.max_steps (all runs)")
+    parser.add_argument("--groups-per-step", type=int, default=4)
+    parser.add_argument("--median", type=float, default=1.0, help="median agent wait, seconds")
+    parser.add_argument("--sigma", type=float, default=1.0, help="lognormal shape")
+    parser.add_argument("--eval", type=int, default=64,
+                        help="fresh samples of the final weights per configuration (0: skip)")
+    args = parser.parse_args(argv)
+    LognormalAnswerAgent.median_s, LognormalAnswerAgent.sigma = args.median, args.sigma
+    plugins.register(plugins.AGENTS, LognormalAnswerAgent.name, LognormalAnswerAgent)
+
+    print(f"commit {commit()}, {os.cpu_count()} cores; {args.steps} steps x "
+          f"{args.groups_per_step} groups x {N} samples = "
+          f"{args.steps * args.groups_per_step * N} trajectories trained per configuration; "
+          f"waits lognormal(median {args.median:g} s, sigma {args.sigma:g}); synchronous "
+          f"latency floor {sync_floor(args):.1f} s")
+    outcomes: list[Outcome] = []
+    with tempfile.TemporaryDirectory(prefix="skyrl-bench-async-") as temp:
+        base = Path(temp)
+        base.chmod(0o755)  # the unprivileged sandbox user must reach work_root
+        work_root = base / "sandboxes"
+        work_root.mkdir(mode=0o755)
+        model = char_model_dir(base / "model")
+        for staleness in STALENESS:
+            print(load_line(f"max_staleness {staleness}, before"), flush=True)
+            outcome = one_configuration(staleness, model, work_root,
+                                        base / f"run-{staleness}", args)
+            outcomes.append(outcome)
+            print(f"  {outcome.wall_s:.1f} s, training {outcome.loop_s:.1f} s; rewards per step: "
+                  + " ".join(f"{r:.2f}" for r in outcome.rewards), flush=True)
+        print(load_line("after all"))
+    print()
+    print(table(outcomes))
+
+
+if __name__ == "__main__":
+    main()
