@@ -103,10 +103,10 @@ class RunDir:
                                 "the same command or choose another --output")
             return
         self.path.mkdir(parents=True, exist_ok=True)
-        self.config_file.write_text(json.dumps(wanted, indent=2))
+        self.rewrite(record)
 
     def rewrite(self, record: RunRecord) -> None:
-        """Replace config.json atomically (a resumed run that changed what may change)."""
+        """Write config.json atomically (also how a resumed run records what it changed)."""
         staging = self.config_file.with_name(".config.json.partial")
         staging.write_text(json.dumps({"n": record.n, "config": record.config}, indent=2))
         staging.replace(self.config_file)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import mmap
+import stat
 import struct
 import warnings
 from pathlib import Path
@@ -81,7 +82,7 @@ class WeightLoader:
             info = path.stat()
         except OSError:
             raise WeightUpdateError(f"weights file not found: {path}") from None
-        if not path.is_file():
+        if not stat.S_ISREG(info.st_mode):  # the stat above already says; no second lookup
             raise WeightUpdateError(f"weights file not found: {path}")
         key = (str(path), info.st_dev, info.st_ino, info.st_size)
         if key != self._key or self._mapped is None:
