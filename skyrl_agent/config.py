@@ -140,6 +140,9 @@ class InferenceConfig(_Section):
     top_p: float = Field(default=1.0, gt=0, le=1)
     max_tokens: int = Field(default=1024, gt=0)
     """Most tokens per model call (default by where the model runs, see Budgets)."""
+    num_servers: int = Field(default=1, gt=0)
+    """Embedded servers to start (ignored with an endpoint); sessions stick to one server and
+    new sessions go to the least busy."""
 
 
 class CollectorConfig(_Section):
@@ -204,6 +207,26 @@ class TrainerConfig(_Section):
     (0 = synchronous, the reference loop)."""
     checkpoint_every: int = Field(default=5, gt=0)
     """`train`: save a checkpoint every this many steps (and at the last)."""
+    wandb_project: str | None = None
+    """`train`: also log each step to this Weights & Biases project (needs the `wandb`
+    package; WANDB_MODE=offline keeps the run in RUN_DIR/wandb). None: TensorBoard and
+    metrics.jsonl only."""
+
+
+class RayConfig(_Section):
+    """Placement on a Ray cluster (`train --ray`): where the parts of a run live, not what it
+    trains, so a run may be resumed with or without Ray."""
+
+    address: str | None = None
+    """None: one process (the default). `auto`: the running cluster if there is one, else a
+    local instance started for the run. `local`: always a new local instance. Anything else:
+    the address of a running cluster (`host:port` or `ray://host:port`)."""
+    collectors: int = Field(default=2, gt=0)
+    """Collector actors (sandbox fan-out); the collector bounds apply to each."""
+    trainer_cpus: float = Field(default=1.0, gt=0)
+    """CPUs the trainer actor reserves (Ray also sets its thread count from this)."""
+    server_cpus: float = Field(default=1.0, gt=0)
+    """CPUs each inference server actor reserves."""
 
 
 class RunConfig(_Section):
@@ -216,6 +239,7 @@ class RunConfig(_Section):
     inference: InferenceConfig = Field(default_factory=InferenceConfig)
     collector: CollectorConfig = Field(default_factory=CollectorConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    ray: RayConfig = Field(default_factory=RayConfig)
     seed: int = 0
     """Sampling seed: each sample's requests are seeded from (seed, task, sample index), so the
     same seed and tasks give the same token ids on a server that honours request seeds."""

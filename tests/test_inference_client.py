@@ -41,6 +41,22 @@ async def test_sessions_stick_to_one_server_and_spread(two_servers):
         assert "s0" not in client._routes
 
 
+async def test_busy_time_counts_only_while_some_generation_is_in_flight(two_servers):
+    async with InferenceClient(two_servers, model="tiny") as client:
+        assert await client.busy_seconds() == 0.0
+        await asyncio.sleep(0.3)  # idle time is not busy time
+        assert await client.busy_seconds() == 0.0
+        sampling = Sampling(max_tokens=16, ignore_eos=True)
+        started = time.monotonic()
+        await asyncio.gather(*[client.complete([1, 2, 3], sampling, session_id=f"b{i}")
+                               for i in range(3)])
+        spanned = time.monotonic() - started
+        busy = await client.busy_seconds()
+        assert 0 < busy <= spanned  # overlapping calls count once
+        await asyncio.sleep(0.3)
+        assert await client.busy_seconds() == busy
+
+
 async def test_control_calls_reach_every_server(two_servers):
     async with InferenceClient(two_servers, model="tiny") as client:
         await client.pause("keep")

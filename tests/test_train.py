@@ -51,9 +51,10 @@ def test_max_staleness_0_is_the_reference_loop(model, work_root, tmp_path):
         assert ours.metrics["dropped_stale"] == 0
 
 
-def test_no_trained_token_is_older_than_the_bound(model, work_root, tmp_path):
+def test_no_trained_token_is_older_than_the_bound(model, work_root, tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")  # W&B's files stay in the run dir
     config = settings(model, work_root, "trainer.max_steps=6", "trainer.max_staleness=1",
-                      "trainer.checkpoint_every=6")
+                      "trainer.checkpoint_every=6", "trainer.wandb_project=skyrl-agent-tests")
     asyncio.run(TrainJob(config, tmp_path / "run").run())
     state = json.loads((Checkpoints(tmp_path / "run").latest() / "loop.json").read_text())
     assert state["step"] == 6 and len(state["trained"]) == 6
@@ -69,6 +70,11 @@ def test_no_trained_token_is_older_than_the_bound(model, work_root, tmp_path):
     assert max(r["staleness_max"] for r in rows) == 1  # the async path did run ahead
     assert all(r["sampled_tokens"] > 0 and 0 <= r["pass_rate"] <= 1 for r in rows)
     assert (tmp_path / "run" / "tensorboard").is_dir()
+    # The same steps went to W&B: its offline record names every metric of every step.
+    [record] = (tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb")
+    logged = record.read_bytes()
+    for name in ("reward_mean", "staleness_max", "generation_idle", "agreement/max_abs_diff"):
+        assert name.encode() in logged, name
 
 
 def test_kill_9_then_resume_loses_and_repeats_nothing(model, work_root, tmp_path):

@@ -42,6 +42,9 @@ def train(
         = False,
     endpoint: Annotated[str | None, typer.Option(
         help="A running OpenAI-compatible server; default: start the embedded one.")] = None,
+    ray: Annotated[str | None, typer.Option(help=(
+        "Run the parts as Ray actors (ray.address): auto (the running cluster, else a local "
+        "instance), local, or a cluster's address. Default: one process."))] = None,
     config: ConfigOption = None,
     overrides: SetOption = None,
 ) -> None:
@@ -60,7 +63,7 @@ def train(
             raise UserError("--resume needs the run's --output RUN_DIR")
         output = Path("runs") / time.strftime("train-%Y%m%d-%H%M%S")
     given = {"agent.name": agent, "tasks.source": tasks, "collector.n_samples_per_task": n,
-             "trainer.max_steps": steps, "inference.endpoint": endpoint}
+             "trainer.max_steps": steps, "inference.endpoint": endpoint, "ray.address": ray}
     flags = [f"{key}={value}" for key, value in given.items() if value is not None]
     flags.append(f"output_dir={output}")
     if resume:  # the run's own settings; options given now must agree with them
@@ -72,7 +75,12 @@ def train(
     else:
         defaults = ["agent.name=answer", "tasks.source=toy", "collector.n_samples_per_task=8"]
         settings = load_config(config, [*defaults, *flags, *(overrides or [])])
-    job = TrainJob(settings, settings.output_dir, resume=resume)
+    placement = None
+    if settings.ray.address:
+        from skyrl_agent.distributed import ray_placement
+
+        placement = ray_placement()
+    job = TrainJob(settings, settings.output_dir, resume=resume, placement=placement)
     console.print(job.plan())
     if dry_run:
         return

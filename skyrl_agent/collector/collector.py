@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from skyrl_agent.agents.base import Agent
 from skyrl_agent.agents.session import LLMSession
@@ -19,16 +20,27 @@ from skyrl_agent.collector.policy import FailurePolicy
 from skyrl_agent.collector.rollout import SessionFactory, make_agent, run_rollout
 from skyrl_agent.config import RunConfig
 from skyrl_agent.data.run_dir import RunDir
-from skyrl_agent.data.store import TrajectoryStore
+from skyrl_agent.data.store import StoreContents, TrajectoryStore
 from skyrl_agent.sandboxes.pool import SandboxPool
 from skyrl_agent.tasks.model import TaskSpec
 from skyrl_agent.types import Trajectory, TrajectoryGroup
 
 
+class TrajectorySink(Protocol):
+    """What the collector needs of its store: a TrajectoryStore, or a client of one that lives
+    in another process (the single writer of a distributed run)."""
+
+    run_dir: Path
+
+    def load(self) -> StoreContents: ...
+
+    def append(self, trajectories: list[Trajectory]) -> Path | None: ...
+
+
 class Collector:
     """Runs rollouts into a TrajectoryStore and hands out complete groups."""
 
-    def __init__(self, config: RunConfig, agent_cls: type[Agent], store: TrajectoryStore,
+    def __init__(self, config: RunConfig, agent_cls: type[Agent], store: TrajectorySink,
                  sessions: SessionFactory | None = None,
                  on_trajectory: Callable[[Trajectory], Any] = lambda t: None,
                  on_group: Callable[[TrajectoryGroup], Any] = lambda g: None) -> None:
@@ -65,8 +77,8 @@ class Collector:
         """The samples `indices` of one task, as a group; samples the store already holds are
         read back, not run again."""
         if self._stored is None:
-            self._stored = {(t.task_id, t.sample_index): t
-                            for t in self.store.load().trajectories}
+            contents = await asyncio.to_thread(self.store.load)
+            self._stored = {(t.task_id, t.sample_index): t for t in contents.trajectories}
         stored = self._stored
 
         async def sample(index: int) -> Trajectory:

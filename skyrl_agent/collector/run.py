@@ -12,7 +12,7 @@ import contextlib
 import dataclasses
 import json
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,10 @@ from skyrl_agent.types import Trajectory
 log = logging.getLogger(__name__)
 SERVER_POLL_S = 0.25
 """How often a supervised server is checked: its death stops the run within this."""
+PLACEMENT: dict[str, Any] = {"collector": True, "output_dir": True, "ray": True,
+                             "inference": {"num_servers"}}
+"""Settings that say where and how concurrently a run's parts work, not what they sample or
+train: a run dir does not pin them."""
 
 
 @dataclass
@@ -43,73 +47,114 @@ class ModelAccess:
 
     sessions: SessionFactory
     client: InferenceClient
-    server: ServerProcess | None
+    servers: list[ServerProcess]
+    """The embedded servers started here (none when the endpoint runs elsewhere)."""
 
 
 def record_of(settings: RunConfig, n: int) -> RunRecord:
     """What a run dir pins: what is sampled. Concurrency, where the run dir lives and how a
     trainer would use the samples may change between a run and its resumption."""
-    config = json.loads(settings.model_dump_json(exclude={"collector", "output_dir", "trainer"}))
+    config = json.loads(settings.model_dump_json(exclude=PLACEMENT | {"trainer": True}))
     return RunRecord(n=n, config=config)
 
 
-@contextlib.asynccontextmanager
-async def model_sessions(config: RunConfig, run_dir: Path) -> AsyncIterator[ModelAccess]:
-    """A session factory over the configured endpoint, or over an embedded server started here."""
-    from transformers import AutoTokenizer
-
-    from skyrl_agent.inference.models import resolve_model
-    from skyrl_agent.inference.process import embedded_server
-
-    inference = config.inference
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model(inference.model))
-    server = None
-    urls = [inference.endpoint] if inference.endpoint else []
-    if not urls:
-        server = embedded_server(inference.model, log_path=RunDir(run_dir).server_log)
-        log.info("starting the embedded model server (%s)", inference.model)
-        urls = [await asyncio.to_thread(server.start)]
-        log.info("embedded model server ready at %s", urls[0])
-    budget = config.agent
-    session_config = SessionConfig(
+def session_config(config: RunConfig, served_max_len: int | None) -> SessionConfig:
+    """Per-session budgets from the run config, the context clamped to what the servers serve."""
+    budget, inference = config.agent, config.inference
+    settings = SessionConfig(
         max_context_tokens=budget.max_context_tokens, max_tokens=inference.max_tokens,
         temperature=inference.temperature, top_p=inference.top_p,
         summarize_at=budget.summarize_at, max_summaries=budget.max_summaries,
         max_sampled_tokens=budget.max_sampled_tokens)
     if budget.summary_prompt:
-        session_config = dataclasses.replace(session_config, summary_prompt=budget.summary_prompt)
-    try:
-        async with InferenceClient(urls) as client:
-            served = await client.max_model_len()
-            if served and served < session_config.max_context_tokens:
-                session_config = dataclasses.replace(session_config, max_context_tokens=served)
+        settings = dataclasses.replace(settings, summary_prompt=budget.summary_prompt)
+    if served_max_len and served_max_len < settings.max_context_tokens:
+        settings = dataclasses.replace(settings, max_context_tokens=served_max_len)
+    return settings
 
-            def factory(agent: Agent, session_id: str) -> LLMSession:
-                return LLMSession(client, tokenizer, session_config, tools=agent.tools,
-                                  session_id=session_id)
-            yield ModelAccess(factory, client, server)
+
+def session_factory(client: Any, tokenizer: Any, settings: SessionConfig) -> SessionFactory:
+    """LLM sessions over `client` (an InferenceClient, or anything with its complete and
+    end_session calls)."""
+    def factory(agent: Agent, session_id: str) -> LLMSession:
+        return LLMSession(client, tokenizer, settings, tools=agent.tools, session_id=session_id)
+    return factory
+
+
+def embedded_servers(config: RunConfig, run_dir: Path) -> list[ServerProcess]:
+    """inference.num_servers embedded servers, not started yet."""
+    from skyrl_agent.inference.process import embedded_server
+
+    count = config.inference.num_servers
+    return [embedded_server(config.inference.model,
+                            log_path=RunDir(run_dir).server_log_of(i, count))
+            for i in range(count)]
+
+
+def start_all(servers: Sequence[ServerProcess]) -> list[str]:
+    """Start the servers (they load their models at the same time); their URLs. The caller
+    stops them, whatever happens."""
+    for server in servers:
+        server.spawn()
+    return [server.wait_ready() for server in servers]
+
+
+@contextlib.asynccontextmanager
+async def model_sessions(config: RunConfig, run_dir: Path) -> AsyncIterator[ModelAccess]:
+    """A session factory over the configured endpoint, or over embedded servers started here."""
+    from transformers import AutoTokenizer
+
+    from skyrl_agent.inference.models import resolve_model
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(config.inference.model))
+    servers: list[ServerProcess] = []
+    try:
+        if config.inference.endpoint:
+            urls = [config.inference.endpoint]
+        else:
+            servers = embedded_servers(config, run_dir)
+            log.info("starting %d embedded model server(s) (%s)", len(servers),
+                     config.inference.model)
+            urls = await asyncio.to_thread(start_all, servers)
+            log.info("embedded model server(s) ready at %s", ", ".join(urls))
+        async with InferenceClient(urls) as client:
+            settings = session_config(config, await client.max_model_len())
+            yield ModelAccess(session_factory(client, tokenizer, settings), client, servers)
     finally:
-        if server is not None:
+        for server in servers:
             await asyncio.to_thread(server.stop)
 
 
-async def supervised[T](work: Coroutine[Any, Any, T], server: ServerProcess | None) -> T:
-    """Run `work` while `server` lives. If the server exits, `work` is cancelled (its sandboxes
-    stop; finished samples are already stored) and the run stops with one line."""
+async def watched[T](work: Coroutine[Any, Any, T],
+                     stopped: Callable[[], Awaitable[str | None]]) -> T:
+    """Run `work` while `stopped()` finds nothing wrong. When it names a reason, `work` is
+    cancelled (its sandboxes stop; finished samples are already stored) and the run stops with
+    that one line."""
     task = asyncio.ensure_future(work)
     try:
-        while server is not None and not task.done():
+        while not task.done():
             await asyncio.wait({task}, timeout=SERVER_POLL_S)
-            if not task.done() and not server.running:
+            reason = None if task.done() else await stopped()
+            if reason is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-                raise RunStopped(
-                    f"the model server exited (status {server.returncode}; its log: "
-                    f"{server.log_path}); stored samples are kept: run the same command to resume")
+                raise RunStopped(f"{reason}; stored samples are kept: run the same command "
+                                 "to resume")
         return await task
     finally:
         task.cancel()
+
+
+async def supervised[T](work: Coroutine[Any, Any, T], servers: Sequence[ServerProcess]) -> T:
+    """Run `work` while every server in `servers` lives (see `watched`)."""
+    async def stopped() -> str | None:
+        for server in servers:
+            if not server.running:
+                return (f"the model server exited (status {server.returncode}; its log: "
+                        f"{server.log_path})")
+        return None
+    return await watched(work, stopped)
 
 
 @dataclass(frozen=True)
@@ -154,7 +199,7 @@ class Rollout:
             collector = Collector(self.settings, self.agent_cls, self.store,
                                   model.sessions if model else None, on_done)
             groups = await supervised(collector.run(self.tasks, self.n),
-                                      model.server if model else None)
+                                      model.servers if model else [])
         await asyncio.to_thread(self.store.compact)  # one file for readers, not one per sample
         return RolloutResult([t for group in groups for t in group.trajectories],
                              collector.sandboxes.hits, collector.sandboxes.misses)

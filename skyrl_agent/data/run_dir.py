@@ -69,6 +69,10 @@ class RunDir:
     def server_log(self) -> Path:
         return self.path / "server.log"
 
+    def server_log_of(self, index: int, count: int) -> Path:
+        """The log of embedded server `index` of `count` (server.log when there is one)."""
+        return self.server_log if count == 1 else self.path / f"server-{index}.log"
+
     @property
     def checkpoints(self) -> Path:
         return self.path / "checkpoints"

@@ -99,6 +99,8 @@ class InferenceClient:
         self.pause_poll_s = pause_poll_s
         self._routes: dict[str, _Server] = {}
         self._session: aiohttp.ClientSession | None = None
+        self._busy_s = 0.0
+        self._busy_since: float | None = None
 
     async def __aenter__(self) -> InferenceClient:
         return self
@@ -147,7 +149,7 @@ class InferenceClient:
         logprobs: list[float] = []
         versions: list[int] = []
         texts: list[str] = []
-        server.in_flight += 1
+        self._count_in(server)
         try:
             while True:
                 budget = sampling.max_tokens - len(ids)
@@ -163,7 +165,7 @@ class InferenceClient:
                     break
                 await self._wait_until_resumed(server)  # continue from the partial output
         finally:
-            server.in_flight -= 1
+            self._count_out(server)
         finish = choice["finish_reason"] if choice["finish_reason"] != "abort" else "length"
         return Completion(tuple(ids), tuple(logprobs), tuple(versions), finish,
                           "".join(texts), server.url, cached,
@@ -196,6 +198,23 @@ class InferenceClient:
         # The pause is the server's state, not an event of this process: poll it.
         while (await self._request(server, "GET", "/is_paused"))["is_paused"]:  # noqa: ASYNC110
             await asyncio.sleep(self.pause_poll_s)
+
+    def _count_in(self, server: _Server) -> None:
+        if self._busy_since is None:
+            self._busy_since = time.monotonic()
+        server.in_flight += 1
+
+    def _count_out(self, server: _Server) -> None:
+        server.in_flight -= 1
+        if self._busy_since is not None and not any(s.in_flight for s in self.servers):
+            self._busy_s += time.monotonic() - self._busy_since
+            self._busy_since = None
+
+    async def busy_seconds(self) -> float:
+        """Seconds so far during which at least one generation was in flight (async so that a
+        remote client answers the same call)."""
+        ongoing = time.monotonic() - self._busy_since if self._busy_since is not None else 0.0
+        return self._busy_s + ongoing
 
     # ---- control ---------------------------------------------------------------------------
 

@@ -53,11 +53,20 @@ class ServerProcess:
         self._process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> str:
+        self.spawn()
+        return self.wait_ready()
+
+    def spawn(self) -> None:
+        """Start the process without waiting for it to be ready. It dies with the thread that
+        spawns it (PR_SET_PDEATHSIG follows the thread), so spawn from a long-lived one."""
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child keeps writing to it
         self._process = subprocess.Popen(
             self.argv, stdout=subprocess.PIPE, stderr=log, env=self.env,
             preexec_fn=_die_with_parent, start_new_session=True)
         log.close()
+
+    def wait_ready(self) -> str:
+        """Wait for the spawned process's ready line; its URL."""
         try:
             self.url = self._wait_ready()
         except BaseException:

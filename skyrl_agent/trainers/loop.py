@@ -23,13 +23,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from skyrl_agent.collector.collector import Collector
 from skyrl_agent.config import RunConfig
-from skyrl_agent.inference.client import InferenceClient
+from skyrl_agent.errors import RunStopped
 from skyrl_agent.trainers.backend import TrainerBackend
 from skyrl_agent.trainers.checkpoints import LoopState
 from skyrl_agent.trainers.reference_loop import StepResult, publish, reward_mean, train_on
 from skyrl_agent.trainers.stream import GroupSlot, TaskStream
+from skyrl_agent.trainers.workers import GroupSource, ServerControl
 from skyrl_agent.types import TrajectoryGroup
 
 log = logging.getLogger(__name__)
@@ -59,14 +59,14 @@ class _Outstanding:
 class AsyncLoop:
     """One training run's main loop over a collector, a backend and the inference servers."""
 
-    def __init__(self, config: RunConfig, backend: TrainerBackend, collector: Collector,
-                 client: InferenceClient, stream: TaskStream, state: LoopState,
+    def __init__(self, config: RunConfig, backend: TrainerBackend, collector: GroupSource,
+                 servers: ServerControl, stream: TaskStream, state: LoopState,
                  on_step: Callable[[StepResult], Any] = lambda r: None,
                  on_checkpoint: Callable[[LoopState], Awaitable[Any]] | None = None) -> None:
         self.config = config
         self.backend = backend
         self.collector = collector
-        self.client = client
+        self.servers = servers
         self.stream = stream
         self.state = state
         self.on_step = on_step
@@ -81,6 +81,7 @@ class AsyncLoop:
         self._step_staleness: list[int] = []
         self._fail: BaseException | None = None
         self._last_step_end = time.perf_counter()
+        self._last_busy_s = 0.0
 
     async def run(self) -> list[StepResult]:
         results = []
@@ -140,6 +141,8 @@ class AsyncLoop:
         batch: list[TrajectoryGroup] = []
         version = self.backend.step
         while len(batch) < self.per_step:
+            if isinstance(self._fail, RunStopped):  # a part the run needs is gone
+                raise self._fail
             if self._fail is not None:
                 raise RuntimeError("a group failed to collect") from self._fail
             if not self._outstanding.ready:
@@ -168,13 +171,16 @@ class AsyncLoop:
         waited = time.perf_counter() - started
         metrics = await asyncio.to_thread(train_on, self.backend, self.config, groups)
         trained = time.perf_counter()
-        metrics["sync_s"] = await publish(self.backend, self.client, self.backend.step)
+        metrics["sync_s"] = await publish(self.backend, self.servers, self.backend.step)
         self._outstanding.held = 0
         self._notify()
         self.state.step = self.backend.step
         train_s = trained - started - waited
         since_last = time.perf_counter() - self._last_step_end
         self._last_step_end = time.perf_counter()
+        busy_s = await self.servers.busy_seconds()
+        metrics["generation_idle"] = max(0.0, 1 - (busy_s - self._last_busy_s) / since_last)
+        self._last_busy_s = busy_s
         metrics["sampled_tokens_per_s"] = metrics.get("sampled_tokens", 0.0) / since_last
         metrics.update(wait_s=waited, train_s=train_s,
                        trained_tokens_per_s=metrics.get("tokens", 0.0) / max(train_s, 1e-9),

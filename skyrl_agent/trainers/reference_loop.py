@@ -28,12 +28,12 @@ from skyrl_agent.collector.run import model_sessions, record_of, supervised
 from skyrl_agent.config import RunConfig
 from skyrl_agent.data.run_dir import RunDir
 from skyrl_agent.data.store import TrajectoryStore
-from skyrl_agent.inference.client import InferenceClient
 from skyrl_agent.tasks import resolve_tasks
 from skyrl_agent.trainers.backend import TrainerBackend
 from skyrl_agent.trainers.batch import groups_to_batch
 from skyrl_agent.trainers.settings import adam_params, check_trainable, loss_config, make_backend
 from skyrl_agent.trainers.stream import GroupSlot, TaskStream
+from skyrl_agent.trainers.workers import ServerControl
 from skyrl_agent.types import TrajectoryGroup
 
 log = logging.getLogger(__name__)
@@ -51,15 +51,15 @@ class StepResult:
     """Loss, grad norm, sampler/trainer agreement, entropy, timings."""
 
 
-async def publish(backend: TrainerBackend, client: InferenceClient, version: int) -> float:
+async def publish(backend: TrainerBackend, servers: ServerControl, version: int) -> float:
     """The backend's weights onto every server, between two of their decode steps; seconds."""
     update = await asyncio.to_thread(backend.save_weights_for_sampler, version)
     started = time.perf_counter()
-    await client.pause("keep")
+    await servers.pause("keep")
     try:
-        await client.update_weights(str(update.path), update.version)
+        await servers.update_weights(str(update.path), update.version)
     finally:
-        await client.resume()
+        await servers.resume()
     return update.seconds + time.perf_counter() - started
 
 
@@ -124,7 +124,7 @@ async def reference_loop(config: RunConfig, output: Path,
                 for step in range(config.trainer.max_steps):
                     started = time.perf_counter()
                     slots = [stream.slot(step * per_step + i) for i in range(per_step)]
-                    groups = await supervised(collect(collector, slots), model.server)
+                    groups = await supervised(collect(collector, slots), model.servers)
                     collected = time.perf_counter()
                     metrics = await asyncio.to_thread(train_on, backend, config, groups)
                     trained = time.perf_counter()

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import logging
 from collections.abc import Callable
@@ -16,30 +17,30 @@ from pathlib import Path
 from typing import Any
 
 from skyrl_agent.agents.base import agent_class
-from skyrl_agent.collector.collector import Collector
-from skyrl_agent.collector.run import model_sessions, supervised
+from skyrl_agent.collector.run import PLACEMENT
 from skyrl_agent.config import RunConfig
 from skyrl_agent.data.run_dir import RunDir, RunRecord
-from skyrl_agent.data.store import TrajectoryStore
 from skyrl_agent.errors import UserError
 from skyrl_agent.tasks.model import TaskSpec
 from skyrl_agent.trainers.checkpoints import Checkpoints, LoopState
 from skyrl_agent.trainers.loop import AsyncLoop
 from skyrl_agent.trainers.metrics import MetricsLog
 from skyrl_agent.trainers.reference_loop import StepResult, publish
-from skyrl_agent.trainers.settings import check_trainable, make_backend
+from skyrl_agent.trainers.settings import check_trainable
 from skyrl_agent.trainers.stream import TaskStream
+from skyrl_agent.trainers.workers import Placement, Workers, local_workers
 
 log = logging.getLogger(__name__)
 
 
-RESUMABLE_CHANGES = {"max_steps", "checkpoint_every"}
-"""Trainer settings a resumed run may change: how long it goes on and how often it saves."""
+RESUMABLE_CHANGES = {"max_steps", "checkpoint_every", "wandb_project"}
+"""Trainer settings a resumed run may change: how long it goes on, how often it saves, where
+else it reports."""
 
 
 def train_record(config: RunConfig) -> RunRecord:
-    """What a training run records: everything but concurrency and where the run dir lives."""
-    settings = json.loads(config.model_dump_json(exclude={"collector", "output_dir"}))
+    """What a training run records: everything but where and how concurrently it runs."""
+    settings = json.loads(config.model_dump_json(exclude=PLACEMENT))
     return RunRecord(n=config.collector.n_samples_per_task, config=settings)
 
 
@@ -52,7 +53,8 @@ def _pinned(record: RunRecord) -> RunRecord:
 class TrainJob:
     """One training run. Construction validates everything and prepares the run dir."""
 
-    def __init__(self, config: RunConfig, output: Path, resume: bool = False) -> None:
+    def __init__(self, config: RunConfig, output: Path, resume: bool = False,
+                 placement: Placement | None = None) -> None:
         from skyrl_agent.inference.models import resolve_model
         from skyrl_agent.sandboxes.base import sandbox_backend
         from skyrl_agent.tasks import resolve_tasks
@@ -65,11 +67,15 @@ class TrainJob:
             raise UserError(f"agent {config.agent.name!r} never calls the model: nothing to "
                             "train (choose terminus, openhands or answer)")
         sandbox_backend(config.sandbox.backend)
+        if config.trainer.wandb_project and importlib.util.find_spec("wandb") is None:
+            raise UserError("trainer.wandb_project needs W&B: pip install 'skyrl-agent[wandb]'")
         self.model_folder = resolve_model(config.inference.model)
         self.tasks: list[TaskSpec] = resolve_tasks(
             config.tasks.source, config.tasks.include, config.tasks.limit)
         self.checkpoints = Checkpoints(output)
         self.resume = resume
+        self.placement: Placement = placement or local_workers
+        """Where the run's parts work: this process, or Ray actors (skyrl_agent.distributed)."""
         if self.run_dir.config_file.exists() and not resume:
             raise UserError(f"{output} already holds a training run: add --resume to continue "
                             "it, or choose another --output")
@@ -92,16 +98,26 @@ class TrainJob:
             f"max staleness {trainer.max_staleness}; checkpoint every "
             f"{trainer.checkpoint_every} steps into {self.run_dir.checkpoints}",
             f"resume from {latest}" if latest else "starting from the model's weights",
+            self._where(),
         ])
+
+    def _where(self) -> str:
+        servers = "an endpoint" if self.config.inference.endpoint else \
+            f"{self.config.inference.num_servers} embedded server(s)"
+        ray = self.config.ray
+        if ray.address is None:
+            return f"one process: {servers}"
+        return (f"Ray ({ray.address}): {ray.collectors} collector actors, {servers}, "
+                f"trainer reserving {ray.trainer_cpus:g} CPUs")
 
     def _check_resumable(self) -> None:
         before = self.run_dir.record()
         if before is None:
             raise UserError(f"nothing to resume in {self.run_dir.path} (no readable config.json)")
         if _pinned(before) != _pinned(train_record(self.config)):
+            changeable = ", ".join(f"trainer.{name}" for name in sorted(RESUMABLE_CHANGES))
             raise UserError(f"{self.run_dir.path} was trained with other settings; resume it "
-                            "with the same ones (only trainer.max_steps and "
-                            "trainer.checkpoint_every may change)")
+                            f"with the same ones (only {changeable} may change)")
 
     def _prepare(self) -> None:
         """A new run dir, or a resumed one's config.json rewritten with what may change."""
@@ -112,43 +128,43 @@ class TrainJob:
 
     async def run(self, on_step: Callable[[StepResult], Any] = lambda r: None,
                   ) -> list[StepResult]:
+        """Train to trainer.max_steps (or on from the last checkpoint when resuming). The run
+        dir is written only once every part has started."""
         from skyrl_agent.sandboxes.reaper import reap_leftovers
 
-        await asyncio.to_thread(self._prepare)
         await asyncio.to_thread(reap_leftovers, self.config.sandbox)  # a killed run's sandboxes
-        store = TrajectoryStore(self.run_dir.path, writable=True)
-        backend = await asyncio.to_thread(make_backend, self.config)
-        metrics = MetricsLog(self.run_dir.path)
-        try:
-            state = LoopState()
-            latest = self.checkpoints.latest() if self.resume else None
-            if latest is not None:
-                state = await asyncio.to_thread(self.checkpoints.load, backend, latest)
-                log.info("resumed from %s (step %d)", latest, state.step)
-            async with model_sessions(self.config, self.run_dir.path) as model:
-                if state.step:  # the servers start from the model's weights
-                    await publish(backend, model.client, state.step)
-                collector = Collector(self.config, self.agent_cls, store, model.sessions)
+        self.run_dir.path.mkdir(parents=True, exist_ok=True)  # for the servers' logs
+        async with self.placement(self.config, self.run_dir.path, self.agent_cls) as workers:
+            await asyncio.to_thread(self._prepare)
+            metrics = MetricsLog(self.run_dir.path, self.config.trainer.wandb_project,
+                                 train_record(self.config).config)
+            try:
+                return await self._train(workers, metrics, on_step)
+            finally:
+                metrics.close()
 
-                def step_done(result: StepResult) -> None:
-                    metrics.record(result)
-                    on_step(result)
+    async def _train(self, workers: Workers, metrics: MetricsLog,
+                     on_step: Callable[[StepResult], Any]) -> list[StepResult]:
+        state = LoopState()
+        latest = self.checkpoints.latest() if self.resume else None
+        if latest is not None:
+            state = await asyncio.to_thread(self.checkpoints.load, workers.backend, latest)
+            log.info("resumed from %s (step %d)", latest, state.step)
+        if state.step:  # the servers start from the model's weights
+            await publish(workers.backend, workers.servers, state.step)
 
-                async def checkpoint(loop_state: LoopState) -> None:
-                    every = self.config.trainer.checkpoint_every
-                    if loop_state.step % every == 0 or \
-                            loop_state.step == self.config.trainer.max_steps:
-                        await asyncio.to_thread(self.checkpoints.save, backend, loop_state)
+        def step_done(result: StepResult) -> None:
+            metrics.record(result)
+            on_step(result)
 
-                stream = TaskStream(self.tasks, self.config.collector.n_samples_per_task,
-                                    self.config.seed)
-                loop = AsyncLoop(self.config, backend, collector, model.client, stream, state,
-                                 step_done, checkpoint)
-                try:
-                    return await supervised(loop.run(), model.server)
-                finally:
-                    await collector.close()
-        finally:
-            metrics.close()
-            backend.close()
-            store.close()
+        async def checkpoint(loop_state: LoopState) -> None:
+            every = self.config.trainer.checkpoint_every
+            if loop_state.step % every == 0 or loop_state.step == self.config.trainer.max_steps:
+                await asyncio.to_thread(self.checkpoints.save, workers.backend, loop_state)
+
+        stream = TaskStream(self.tasks, self.config.collector.n_samples_per_task,
+                            self.config.seed)
+        loop = AsyncLoop(self.config, workers.backend, workers.collector, workers.servers,
+                         stream, state, step_done, checkpoint)
+        results: list[StepResult] = await workers.supervise(loop.run())
+        return results

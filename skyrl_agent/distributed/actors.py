@@ -1,0 +1,198 @@
+"""The actors of a Ray run: plain classes, made remote by workers.py with their placement.
+
+Each wraps the one-process part it stands for, so the behaviour is the same code; only the calls
+cross processes. Arguments and results travel by Ray's serialization (frozen dataclasses).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from skyrl_agent.agents.base import Agent
+from skyrl_agent.agents.session import SessionConfig
+from skyrl_agent.collector.collector import Collector
+from skyrl_agent.collector.run import session_factory
+from skyrl_agent.config import RunConfig
+from skyrl_agent.data.store import StoreContents, TrajectoryStore
+from skyrl_agent.inference.client import Completion, InferenceClient, Sampling
+from skyrl_agent.inference.process import ServerProcess, embedded_server
+from skyrl_agent.tasks.model import TaskSpec
+from skyrl_agent.trainers.backend import (
+    AdamParams,
+    Datum,
+    ForwardBackwardOutput,
+    OptimStepOutput,
+    TrainingState,
+    WeightUpdate,
+)
+from skyrl_agent.trainers.loss import LossConfig
+from skyrl_agent.trainers.settings import make_backend
+from skyrl_agent.types import Trajectory, TrajectoryGroup
+
+
+class ServerActor:
+    """One embedded model server, a subprocess of this actor (it dies with the actor)."""
+
+    def __init__(self, model: str, log_path: Path) -> None:
+        self.server: ServerProcess = embedded_server(model, log_path=log_path)
+
+    def start(self) -> str:
+        return self.server.start()
+
+    def status(self) -> tuple[bool, int | None, str]:
+        """(running, exit status, log path)."""
+        return self.server.running, self.server.returncode, str(self.server.log_path)
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+class RouterActor:
+    """The run's one InferenceClient: every collector's sessions go through it, so a session
+    sticks to one server and new sessions go to the least busy, whichever actor asks."""
+
+    def __init__(self, urls: Sequence[str]) -> None:
+        self.client = InferenceClient(urls)
+
+    async def complete(self, prompt_ids: Sequence[int], sampling: Sampling,
+                       session_id: str | None = None) -> Completion:
+        return await self.client.complete(prompt_ids, sampling, session_id)
+
+    async def end_session(self, session_id: str) -> None:
+        self.client.end_session(session_id)
+
+    async def pause(self, mode: str = "keep") -> None:
+        await self.client.pause(mode)
+
+    async def resume(self) -> None:
+        await self.client.resume()
+
+    async def update_weights(self, path: str, version: int) -> list[float]:
+        return await self.client.update_weights(path, version)
+
+    async def busy_seconds(self) -> float:
+        return await self.client.busy_seconds()
+
+    async def max_model_len(self) -> int | None:
+        return await self.client.max_model_len()
+
+    async def sessions_by_server(self) -> dict[str, int]:
+        """Live sessions per server URL (what routing balances)."""
+        return {s.url: len(s.sessions) for s in self.client.servers}
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+class StoreActor:
+    """The single writer of the run's TrajectoryStore."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.store = TrajectoryStore(run_dir, writable=True)
+
+    def append(self, trajectories: list[Trajectory]) -> Path | None:
+        return self.store.append(trajectories)
+
+    def load(self) -> StoreContents:
+        return self.store.load()
+
+    def close(self) -> None:
+        self.store.close()
+
+
+class StoreClient:
+    """What a Collector needs of its store, answered by the StoreActor (calls run in threads)."""
+
+    def __init__(self, actor: Any, run_dir: Path) -> None:
+        self.actor = actor
+        self.run_dir = run_dir
+
+    # A concurrent future's result() blocks only the calling thread (ray.get would warn that
+    # it blocks the actor's event loop, though the Collector calls these in threads).
+    def append(self, trajectories: list[Trajectory]) -> Path | None:
+        result: Path | None = self.actor.append.remote(trajectories).future().result()
+        return result
+
+    def load(self) -> StoreContents:
+        contents: StoreContents = self.actor.load.remote().future().result()
+        return contents
+
+
+class RouterClient:
+    """An LLMSession's client, answered by the RouterActor."""
+
+    def __init__(self, actor: Any) -> None:
+        self.actor = actor
+
+    async def complete(self, prompt_ids: Sequence[int], sampling: Sampling,
+                       session_id: str | None = None) -> Completion:
+        completion: Completion = await self.actor.complete.remote(
+            list(prompt_ids), sampling, session_id)
+        return completion
+
+    def end_session(self, session_id: str) -> None:
+        self.actor.end_session.remote(session_id)  # nothing to wait for
+
+
+class CollectorActor:
+    """A Collector whose store and model calls go to the run's StoreActor and RouterActor."""
+
+    def __init__(self, config: RunConfig, agent_cls: type[Agent], store: Any, router: Any,
+                 run_dir: Path, settings: SessionConfig) -> None:
+        from transformers import AutoTokenizer
+
+        from skyrl_agent.inference.models import resolve_model
+
+        tokenizer = AutoTokenizer.from_pretrained(resolve_model(config.inference.model))
+        self.collector = Collector(
+            config, agent_cls, StoreClient(store, run_dir),
+            session_factory(RouterClient(router), tokenizer, settings))
+
+    async def run_group(self, task: TaskSpec, indices: list[int]) -> TrajectoryGroup:
+        return await self.collector.run_group(task, indices)
+
+    async def close(self) -> None:
+        await self.collector.close()
+
+    async def ping(self) -> None:
+        """Answers once the actor is constructed (its tokenizer loaded)."""
+        await asyncio.sleep(0)
+
+
+class TrainerActor:
+    """The trainer backend, in its own process."""
+
+    def __init__(self, config: RunConfig) -> None:
+        self.backend = make_backend(config)
+
+    def step(self) -> int:
+        return self.backend.step
+
+    def forward(self, data: Sequence[Datum]) -> list[tuple[float, ...]]:
+        return self.backend.forward(data)
+
+    def forward_backward(self, data: Sequence[Datum], loss_fn: str,
+                         loss_fn_config: LossConfig | Mapping[str, Any] | None = None,
+                         ) -> ForwardBackwardOutput:
+        return self.backend.forward_backward(data, loss_fn, loss_fn_config)
+
+    def optim_step(self, adam: AdamParams) -> OptimStepOutput:
+        return self.backend.optim_step(adam)
+
+    def save_state(self, path: Path, data_position: int = 0) -> None:
+        self.backend.save_state(path, data_position)
+
+    def load_state(self, path: Path) -> TrainingState:
+        return self.backend.load_state(path)
+
+    def save_weights_for_sampler(self, version: int) -> WeightUpdate:
+        return self.backend.save_weights_for_sampler(version)
+
+    def export(self, target: Path) -> None:
+        self.backend.export(target)
+
+    def close(self) -> None:
+        self.backend.close()

@@ -1,0 +1,273 @@
+"""The Ray placement: a training run's parts started as actors, behind the one-process protocols.
+
+The driver (the `train` process) keeps the loop; every call it makes crosses to an actor. A dead
+actor or server stops the run with one line, like a dead server in one process; the store, the
+checkpoints and --resume work the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError, RayError, RayTaskError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from skyrl_agent.agents.base import Agent
+from skyrl_agent.collector.run import session_config, watched
+from skyrl_agent.config import RunConfig
+from skyrl_agent.data.run_dir import RunDir
+from skyrl_agent.distributed.actors import (
+    CollectorActor,
+    RouterActor,
+    ServerActor,
+    StoreActor,
+    TrainerActor,
+)
+from skyrl_agent.errors import RunStopped, UserError
+from skyrl_agent.tasks.model import TaskSpec
+from skyrl_agent.trainers.backend import (
+    AdamParams,
+    Datum,
+    ForwardBackwardOutput,
+    OptimStepOutput,
+    TrainingState,
+    WeightUpdate,
+)
+from skyrl_agent.trainers.loss import LossConfig
+from skyrl_agent.trainers.workers import Workers
+from skyrl_agent.types import TrajectoryGroup
+
+log = logging.getLogger(__name__)
+
+
+def connect(config: RunConfig) -> bool:
+    """Join or start the cluster ray.address names; True when this call started it. Called
+    off the main thread, so Ray leaves the run's own SIGTERM handling in place."""
+    address = config.ray.address
+    if ray.is_initialized():
+        return False
+    if address == "auto":
+        try:
+            ray.init(address="auto", logging_level=logging.ERROR)
+            log.info("joined the running Ray cluster")
+            return False
+        except ConnectionError:
+            log.info("no Ray cluster is running: starting a local instance")
+    if address in ("auto", "local"):
+        ray.init(num_cpus=os.cpu_count(), include_dashboard=False,
+                 logging_level=logging.ERROR)
+        return True
+    try:
+        ray.init(address=address, logging_level=logging.ERROR)
+    except (ConnectionError, ValueError) as exc:
+        raise UserError(f"cannot reach the Ray cluster at {address}: {exc}") from None
+    return False
+
+
+def _check_room(config: RunConfig) -> None:
+    """Actors that can never be placed would wait forever: refuse them with one line."""
+    needed = config.ray.trainer_cpus + config.inference.num_servers * config.ray.server_cpus
+    here = ray.available_resources().get("CPU", 0.0)
+    if here < needed:
+        raise UserError(f"the Ray cluster has {here:g} free CPUs; this run reserves {needed:g} "
+                        "(ray.trainer_cpus + inference.num_servers x ray.server_cpus)")
+
+
+class RemoteBackend:
+    """The TrainerBackend protocol over the TrainerActor (calls block: loops run them in
+    threads)."""
+
+    def __init__(self, actor: Any) -> None:
+        self.actor = actor
+        self.step: int = ray.get(actor.step.remote())
+
+    def forward(self, data: Sequence[Datum]) -> list[tuple[float, ...]]:
+        result: list[tuple[float, ...]] = ray.get(self.actor.forward.remote(list(data)))
+        return result
+
+    def forward_backward(self, data: Sequence[Datum], loss_fn: str,
+                         loss_fn_config: LossConfig | Mapping[str, Any] | None = None,
+                         ) -> ForwardBackwardOutput:
+        out: ForwardBackwardOutput = ray.get(
+            self.actor.forward_backward.remote(list(data), loss_fn, loss_fn_config))
+        return out
+
+    def optim_step(self, adam: AdamParams) -> OptimStepOutput:
+        out: OptimStepOutput = ray.get(self.actor.optim_step.remote(adam))
+        self.step = out.step
+        return out
+
+    def save_state(self, path: Path, data_position: int = 0) -> None:
+        ray.get(self.actor.save_state.remote(path, data_position))
+
+    def load_state(self, path: Path) -> TrainingState:
+        state: TrainingState = ray.get(self.actor.load_state.remote(path))
+        self.step = state.step
+        return state
+
+    def save_weights_for_sampler(self, version: int) -> WeightUpdate:
+        update: WeightUpdate = ray.get(self.actor.save_weights_for_sampler.remote(version))
+        return update
+
+    def export(self, target: Path) -> None:
+        ray.get(self.actor.export.remote(target))
+
+    def close(self) -> None:
+        ray.get(self.actor.close.remote())
+
+
+class RemoteCollectors:
+    """Groups go to the collector actor with the fewest groups running."""
+
+    def __init__(self, actors: list[Any]) -> None:
+        self.actors = actors
+        self.running = [0] * len(actors)
+        self.groups_run = [0] * len(actors)
+        """Groups each actor was given (how the fan-out spread)."""
+
+    async def run_group(self, task: TaskSpec, indices: Sequence[int]) -> TrajectoryGroup:
+        chosen = min(range(len(self.actors)), key=lambda i: (self.running[i], self.groups_run[i]))
+        self.running[chosen] += 1
+        self.groups_run[chosen] += 1
+        ref = self.actors[chosen].run_group.remote(task, list(indices))
+        try:
+            group: TrajectoryGroup = await ref
+            return group
+        except asyncio.CancelledError:
+            ray.cancel(ref)  # the actor cancels the group: its sandboxes stop
+            with contextlib.suppress(RayError):
+                await ref
+            raise
+        except RayActorError as exc:
+            raise RunStopped(f"a collector actor died ({exc.__class__.__name__})") from exc
+        finally:
+            self.running[chosen] -= 1
+
+    async def close(self) -> None:
+        await asyncio.gather(*[a.close.remote() for a in self.actors], return_exceptions=True)
+
+
+class RemoteServers:
+    """The ServerControl protocol over the RouterActor."""
+
+    def __init__(self, router: Any) -> None:
+        self.router = router
+
+    async def pause(self, mode: str = "keep") -> None:
+        await self.router.pause.remote(mode)
+
+    async def resume(self) -> None:
+        await self.router.resume.remote()
+
+    async def update_weights(self, path: str, version: int) -> list[float]:
+        seconds: list[float] = await self.router.update_weights.remote(path, version)
+        return seconds
+
+    async def busy_seconds(self) -> float:
+        seconds: float = await self.router.busy_seconds.remote()
+        return seconds
+
+
+def _here() -> NodeAffinitySchedulingStrategy:
+    """On the driver's node: shared-memory weights and 127.0.0.1 servers do not leave it."""
+    return NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+
+
+@dataclass
+class _Actors:
+    """The run's actors, in the order they start; `spawn` records each for the final kill."""
+
+    every: list[Any] = field(default_factory=list)
+    store: Any = None
+    trainer: Any = None
+    servers: list[Any] = field(default_factory=list)
+    router: Any = None
+    collectors: list[Any] = field(default_factory=list)
+
+    def spawn(self, cls: type, cpus: float, strategy: Any, *args: Any) -> Any:
+        remote: Any = ray.remote(cls)
+        actor = remote.options(num_cpus=cpus, scheduling_strategy=strategy).remote(*args)
+        self.every.append(actor)
+        return actor
+
+    async def start(self, config: RunConfig, run_dir: Path, agent_cls: type[Agent]) -> None:
+        here, placed = _here(), config.ray
+        self.store = self.spawn(StoreActor, 0, here, run_dir)
+        self.trainer = self.spawn(TrainerActor, placed.trainer_cpus, here, config)
+        urls = [config.inference.endpoint] if config.inference.endpoint else []
+        if not urls:
+            count = config.inference.num_servers
+            self.servers = [self.spawn(ServerActor, placed.server_cpus, here,
+                                       config.inference.model,
+                                       RunDir(run_dir).server_log_of(i, count))
+                            for i in range(count)]
+            try:
+                urls = list(await asyncio.gather(*[s.start.remote() for s in self.servers]))
+            except RayTaskError as exc:  # e.g. the server would not start: its own error
+                raise exc.cause from None
+        self.router = self.spawn(RouterActor, 0, here, urls)
+        settings = session_config(config, await self.router.max_model_len.remote())
+        self.collectors = [self.spawn(CollectorActor, 0, "SPREAD", config, agent_cls,
+                                      self.store, self.router, run_dir, settings)
+                           for _ in range(placed.collectors)]
+        await asyncio.gather(*[c.ping.remote() for c in self.collectors])
+
+    async def stop(self) -> None:
+        """Stop what holds resources outside Ray (sandboxes, shared memory, server processes,
+        the store's lock), then end every actor."""
+        steps = [*[c.close.remote() for c in self.collectors],
+                 *([self.trainer.close.remote()] if self.trainer else [])]
+        await asyncio.gather(*steps, return_exceptions=True)  # a dead actor has nothing left
+        steps = [*[s.stop.remote() for s in self.servers],
+                 *([self.store.close.remote()] if self.store else [])]
+        await asyncio.gather(*steps, return_exceptions=True)
+        for actor in self.every:
+            ray.kill(actor)
+
+
+async def _stopped(servers: list[Any]) -> str | None:
+    try:
+        statuses = await asyncio.gather(*[s.status.remote() for s in servers])
+    except RayActorError:
+        return "a model server's Ray actor died"
+    for running, status, log_path in statuses:
+        if not running:
+            return f"the model server exited (status {status}; its log: {log_path})"
+    return None
+
+
+@contextlib.asynccontextmanager
+async def ray_workers(config: RunConfig, run_dir: Path, agent_cls: type[Agent],
+                      ) -> AsyncIterator[Workers]:
+    """Every part of the run as a Ray actor; all stopped (and a cluster started here shut
+    down) on exit."""
+    started = await asyncio.to_thread(connect, config)
+    actors = _Actors()
+    try:
+        _check_room(config)
+        try:
+            await actors.start(config, run_dir, agent_cls)
+            backend = await asyncio.to_thread(RemoteBackend, actors.trainer)
+        except RayActorError as exc:
+            raise RunStopped(f"a Ray actor died while starting ({exc})") from exc
+        log.info("on Ray: %d collector actors, %d server actors, a trainer and a store writer",
+                 len(actors.collectors), len(actors.servers))
+
+        async def supervise(work: Coroutine[Any, Any, Any]) -> Any:
+            return await watched(work, lambda: _stopped(actors.servers))
+
+        collectors = RemoteCollectors(actors.collectors)
+        yield Workers(backend, collectors, RemoteServers(actors.router), supervise)
+        log.info("groups per collector actor: %s", collectors.groups_run)
+    finally:
+        await actors.stop()
+        if started:
+            ray.shutdown()

@@ -1,0 +1,136 @@
+"""`train --ray`: on a local Ray cluster the run's parts are actors (collectors, servers, router,
+trainer, store writer), yet the run dir is the same kind as one process's; sessions from
+different actors stick to one server and are balanced by one router; the store has one writer."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from skyrl_agent.config import load_config
+from skyrl_agent.data.run_dir import RunDir
+from skyrl_agent.data.store import TrajectoryStore
+from skyrl_agent.trainers.checkpoints import Checkpoints
+from skyrl_agent.trainers.metrics import read_metrics
+from skyrl_agent.trainers.train import TrainJob
+from tests.test_cli import assert_one_line_error, run
+from tests.tiny_models import char_model_dir
+
+pytestmark = pytest.mark.slow
+ray = pytest.importorskip("ray")
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return char_model_dir(tmp_path_factory.mktemp("ray") / "model")
+
+
+@pytest.fixture
+def local_ray():
+    """A local Ray instance for one test (2 CPUs; token auth off, nothing leaves the host)."""
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    yield
+    ray.shutdown()
+
+
+def settings(model, work_root, *extra: str):
+    return load_config(None, [
+        "agent.name=answer", "tasks.source=toy", f"inference.model={model}",
+        "inference.max_tokens=8", "collector.n_samples_per_task=4",
+        "trainer.groups_per_step=2", "trainer.max_steps=2", "trainer.checkpoint_every=2",
+        "trainer.learning_rate=3e-2", f"sandbox.work_root={work_root}",
+        "inference.num_servers=2", "ray.collectors=2", "ray.trainer_cpus=0.5",
+        "ray.server_cpus=0.5", *extra])
+
+
+def _kinds(run_dir: Path) -> set[str]:
+    """What a run dir holds, by kind: top-level names, checkpoint files, store file suffixes."""
+    kinds = {p.name for p in run_dir.iterdir()}
+    latest = Checkpoints(run_dir).latest()
+    assert latest is not None
+    kinds |= {f"checkpoint/{p.name}" for p in latest.iterdir()}
+    kinds |= {f"trajectories/*{p.suffix}" for p in RunDir(run_dir).trajectories.iterdir()}
+    return kinds
+
+
+def test_a_ray_run_stores_the_same_run_dir_as_one_process(model, work_root, tmp_path,
+                                                          local_ray):
+    from skyrl_agent.distributed import ray_placement
+
+    config = settings(model, work_root, "ray.address=auto")  # joins the running instance
+    on_ray = asyncio.run(TrainJob(config, tmp_path / "ray", placement=ray_placement()).run())
+    assert ray.is_initialized()  # a cluster the run joined is not shut down by it
+    alone = asyncio.run(TrainJob(settings(model, work_root), tmp_path / "one").run())
+    assert [r.step for r in on_ray] == [r.step for r in alone] == [0, 1]
+
+    assert _kinds(tmp_path / "ray") == _kinds(tmp_path / "one")
+    assert {"server-0.log", "server-1.log"} <= _kinds(tmp_path / "ray")
+    assert RunDir(tmp_path / "ray").record() == RunDir(tmp_path / "one").record()
+
+    # Every trained group is in the store, once, written by the one store actor.
+    state = json.loads((Checkpoints(tmp_path / "ray").latest() / "loop.json").read_text())
+    assert len(state["trained"]) == 4 and len(set(state["trained"])) == 4
+    stored = TrajectoryStore(tmp_path / "ray").load().trajectories
+    keys = [(t.task_id, t.sample_index) for t in stored]
+    assert len(keys) == len(set(keys)) >= 4 * 4
+    assert all(t.segments for t in stored if not t.masked)
+    rows = read_metrics(tmp_path / "ray")
+    assert [r["step"] for r in rows] == [0, 1]
+    assert all(0.0 <= r["generation_idle"] <= 1.0 for r in rows)
+    on_policy = [r["agreement/max_abs_diff"] for r in rows if "agreement/max_abs_diff" in r]
+    assert on_policy and max(on_policy) < 1e-3  # the trainer actor computes what was sampled
+
+
+async def _sessions_from_two_actors(router) -> list[list[str]]:
+    """Two collector-like actors open 2 sessions each at once and call the model 3 times per
+    session through the router; the server of every call, per session."""
+    from skyrl_agent.distributed.actors import RouterClient
+    from skyrl_agent.inference.client import Sampling
+
+    @ray.remote(num_cpus=0)
+    class Caller:
+        async def sessions(self, name: str) -> list[list[str]]:
+            client = RouterClient(router)
+
+            async def session(sid: str) -> list[str]:
+                return [(await client.complete([5, 6, 7], Sampling(max_tokens=4),
+                                               session_id=sid)).server for _ in range(3)]
+            return list(await asyncio.gather(session(f"{name}-a"), session(f"{name}-b")))
+
+    callers = [Caller.remote(), Caller.remote()]
+    results = await asyncio.gather(*[c.sessions.remote(f"caller{i}")
+                                     for i, c in enumerate(callers)])
+    return [servers for result in results for servers in result]
+
+
+def test_sessions_stick_and_balance_across_actors(model, tmp_path, local_ray):
+    from skyrl_agent.distributed.actors import RouterActor, ServerActor
+
+    servers = [ray.remote(ServerActor).options(num_cpus=0).remote(str(model),
+                                                                  tmp_path / f"s{i}.log")
+               for i in range(2)]
+    urls = ray.get([s.start.remote() for s in servers])
+    router = ray.remote(RouterActor).options(num_cpus=0).remote(urls)
+    try:
+        per_session = asyncio.run(_sessions_from_two_actors(router))
+        assert len(per_session) == 4
+        assert all(len(set(calls)) == 1 for calls in per_session)  # sticky
+        homes = [calls[0] for calls in per_session]
+        assert sorted(homes.count(u) for u in urls) == [2, 2]  # one router balances all
+    finally:
+        ray.get([s.stop.remote() for s in servers])
+
+
+def test_a_cluster_without_room_is_refused_in_one_line(model, work_root, tmp_path,
+                                                        monkeypatch):
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    result = run("train", "--ray", "local", "--output", str(tmp_path / "run"),
+                 "--set", f"inference.model={model}", "--set", "ray.trainer_cpus=64",
+                 "--set", f"sandbox.work_root={work_root}", "--steps", "1")
+    assert_one_line_error(result, "free CPUs", "ray.trainer_cpus")
+    assert not (tmp_path / "run" / "config.json").exists()  # nothing started, nothing written
