@@ -85,6 +85,13 @@ def test_a_ray_run_stores_the_same_run_dir_as_one_process(model, work_root, tmp_
     on_policy = [r["agreement/max_abs_diff"] for r in rows if "agreement/max_abs_diff" in r]
     assert on_policy and max(on_policy) < 1e-3  # the trainer actor computes what was sampled
 
+    # Placement is not part of the run: the Ray run resumes in one process.
+    more = settings(model, work_root, "trainer.max_steps=3")
+    resumed = asyncio.run(TrainJob(more, tmp_path / "ray", resume=True).run())
+    assert [r.step for r in resumed] == [2]
+    state = json.loads((Checkpoints(tmp_path / "ray").latest() / "loop.json").read_text())
+    assert state["step"] == 3 and len(set(state["trained"])) == len(state["trained"]) == 6
+
 
 async def _sessions_from_two_actors(router) -> list[list[str]]:
     """Two collector-like actors open 2 sessions each at once and call the model 3 times per
