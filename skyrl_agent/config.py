@@ -60,7 +60,9 @@ class SandboxConfig(_Section):
     """Where agent commands run."""
 
     backend: str = "local"
-    """`local` (bubblewrap), `docker`, or any name registered under `skyrl_agent.sandboxes`."""
+    """`local` (bubblewrap), `docker`, `harbor:TYPE` (any Harbor environment: docker, daytona,
+    modal, e2b, ... or harbor:package.module:Class), or any name registered under
+    `skyrl_agent.sandboxes`."""
     memory_mb: int | None = Field(default=None, gt=0)
     """Memory limit; None uses the task's `[environment] memory_mb` (or 2048)."""
     cpus: float | None = Field(default=None, gt=0)

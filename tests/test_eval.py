@@ -209,6 +209,19 @@ def test_eval_prints_stats_compares_and_exports_atif(tmp_path, smollm2_dir):
     assert atif["schema_version"].startswith("ATIF")
     assert [s["source"] for s in atif["steps"]] == ["user", "agent"] * 3
     assert atif["steps"][1]["metrics"]["completion_token_ids"] == [4, 5]
+    # Harbor's own models read the export back, token ids and logprobs intact.
+    from harbor.models.trajectories import Trajectory as AtifTrajectory
+
+    stored = {f"{t.task_id}#{t.sample_index}": t
+              for t in TrajectoryStore(tmp_path / "a").load().trajectories}
+    for path in exported:
+        atif_run = AtifTrajectory.model_validate_json(path.read_text())
+        turns = [turn for seg in stored[atif_run.session_id].segments for turn in seg.turns]
+        agent_steps = [step for step in atif_run.steps if step.source == "agent"]
+        assert [tuple(s.metrics.completion_token_ids) for s in agent_steps] == \
+            [t.completion_ids for t in turns]
+        assert [tuple(s.metrics.logprobs) for s in agent_steps] == \
+            [t.completion_logprobs for t in turns]
 
 
 def test_bad_run_directories_give_one_clear_line(tmp_path):

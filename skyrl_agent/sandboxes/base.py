@@ -200,6 +200,11 @@ class Sandbox(ABC):
             raise SandboxError(f"sandbox {self.spec.name} passed its deadline")
         return min(timeout, remaining) if timeout is not None else remaining
 
+    @classmethod  # noqa: B027 - a hook, empty by default
+    def check_backend_name(cls, name: str) -> None:
+        """Reject a backend name this class cannot work with (e.g. a KIND:ARG without ARG),
+        with one line, before any sandbox starts. Plain names need no check."""
+
     async def __aenter__(self) -> Self:
         try:
             await self.start()
@@ -213,8 +218,11 @@ class Sandbox(ABC):
 
 
 def sandbox_backend(name: str) -> type[Sandbox]:
-    """The Sandbox class registered as `name`."""
-    return plugins.load(plugins.SANDBOXES, name)
+    """The Sandbox class registered as `name`; for `KIND:ARG` (e.g. harbor:docker), the one
+    registered as KIND, which reads ARG from its config."""
+    backend: type[Sandbox] = plugins.load(plugins.SANDBOXES, name.partition(":")[0])
+    backend.check_backend_name(name)
+    return backend
 
 
 def create_sandbox(spec: SandboxSpec, config: SandboxConfig) -> Sandbox:

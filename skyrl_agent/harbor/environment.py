@@ -1,0 +1,130 @@
+"""Our sandboxes as a Harbor environment: `harbor run -e skyrl_agent.harbor:SkyrlEnvironment`.
+
+Harbor trials (any Harbor agent, Harbor's verifier) then run in a bubblewrap sandbox of ours
+(no daemon, no network unless the task asks for it, cgroup limits) or, with
+`--ek backend=docker`, in our docker backend. The sandbox is built from the task directory the
+way our own runs build it (SandboxSpec.from_task), so the two paths isolate a task alike.
+
+Files coming out go through the sandbox's bundle (artifacts.py): regular files, folders and
+links, links kept as links; on the host, a link that would point outside the target folder is
+not written, so nothing the agent planted makes Harbor read the host's own files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+import tarfile
+from pathlib import Path
+from typing import Any
+
+from harbor.environments.base import BaseEnvironment, ExecResult
+from harbor.environments.capabilities import EnvironmentCapabilities
+
+from skyrl_agent.config import SandboxConfig
+from skyrl_agent.sandboxes.artifacts import ArtifactLimits, BundleWriter
+from skyrl_agent.sandboxes.base import Sandbox, SandboxSpec, create_sandbox
+from skyrl_agent.tasks.model import load_task
+
+log = logging.getLogger(__name__)
+TRIAL_DEADLINE_S = 4 * 3600.0
+"""A trial's sandbox lifetime: Harbor enforces the agent and verifier timeouts itself."""
+
+
+def extract_bundle(bundle: bytes, top: str, target: Path) -> None:
+    """Unpack the contents of the bundle's folder `top` (its path from `/`) into `target`.
+    Members that would land or point outside `target` are left out (tarfile's data filter,
+    member by member, checked where they land)."""
+    prefix = top.strip("/") + "/"
+    target.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(bundle), mode="r:gz") as archive:
+        for member in archive:
+            if not member.name.startswith(prefix):
+                continue  # the folder itself
+            member.name = member.name.removeprefix(prefix)
+            try:
+                safe = tarfile.data_filter(member, str(target))
+            except tarfile.FilterError:
+                log.warning("left out %s: it points outside %s", member.name, target)
+                continue
+            archive.extract(safe, target, filter="fully_trusted")
+
+
+class SkyrlEnvironment(BaseEnvironment):
+    """A Harbor environment backed by a skyrl-agent sandbox (`backend`: local or docker)."""
+
+    def __init__(self, *args: Any, backend: str = "local", work_root: str | None = None,
+                 **kwargs: Any) -> None:
+        self._config = SandboxConfig(backend=backend,
+                                     work_root=Path(work_root) if work_root else None)
+        self._sandbox: Sandbox | None = None
+        super().__init__(*args, **kwargs)
+
+    @staticmethod
+    def type() -> str:
+        return "skyrl-agent"
+
+    @property
+    def capabilities(self) -> EnvironmentCapabilities:
+        return EnvironmentCapabilities(disable_internet=True)
+
+    def _validate_definition(self) -> None:
+        if not (Path(self.environment_dir) / "Dockerfile").is_file() and \
+                not self.task_env_config.docker_image:
+            raise FileNotFoundError(f"{self.environment_dir} has no Dockerfile")
+
+    def _spec(self) -> SandboxSpec:
+        task = load_task(Path(self.environment_dir).parent)
+        config = self._config.model_copy(update={"deadline_s": TRIAL_DEADLINE_S})
+        return SandboxSpec.from_task(task, config)
+
+    async def start(self, force_build: bool) -> None:
+        sandbox = create_sandbox(self._spec(), self._config)
+        await sandbox.start()
+        self._sandbox = sandbox
+
+    async def stop(self, delete: bool) -> None:
+        sandbox, self._sandbox = self._sandbox, None
+        if sandbox is not None:
+            await sandbox.stop()  # nothing of a sandbox outlives it, delete or not
+
+    @property
+    def sandbox(self) -> Sandbox:
+        if self._sandbox is None:
+            raise RuntimeError("the environment is not started")
+        return self._sandbox
+
+    async def exec(self, command: str, cwd: str | None = None,
+                   env: dict[str, str] | None = None, timeout_sec: int | None = None,
+                   user: str | int | None = None) -> ExecResult:
+        result = await self.sandbox.exec(command, timeout=timeout_sec, cwd=cwd,
+                                         env=self._merge_env(env),
+                                         user=self._resolve_user(user))
+        return ExecResult(stdout=result.stdout, stderr=result.stderr,
+                          return_code=result.exit_code)
+
+    async def upload_file(self, source_path: Path | str, target_path: str) -> None:
+        await self.sandbox.upload(Path(source_path), target_path)
+
+    async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
+        await self.sandbox.upload(Path(source_dir), target_dir)
+
+    async def download_file(self, source_path: str, target_path: Path | str) -> None:
+        data = await self.sandbox.read_file(source_path)
+        if data is None:
+            raise FileNotFoundError(f"{source_path} is not a regular file in the sandbox")
+        await asyncio.to_thread(_write, Path(target_path), data)
+
+    async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
+        buffer = io.BytesIO()
+        with BundleWriter(buffer, ArtifactLimits()) as writer:
+            found = await self.sandbox.collect(source_dir.rstrip("/") or "/", writer)
+        if not found:
+            raise FileNotFoundError(f"{source_dir} does not exist in the sandbox")
+        await asyncio.to_thread(extract_bundle, buffer.getvalue(), source_dir, Path(target_dir))
+
+
+def _write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)

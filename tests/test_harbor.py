@@ -1,0 +1,145 @@
+"""Harbor, both ways round, against the real `harbor` package:
+- a Harbor Trial runs our Terminus agent against the embedded server, in our bubblewrap sandbox
+  as a Harbor environment, and its result carries the sampled token ids and logprobs, one
+  rollout detail per segment across a self-summarization;
+- Harbor's own oracle passes in that environment (its verifier reads the reward through it);
+- `--sandbox harbor:TYPE` runs our agents and verifier in a Harbor environment;
+- links an agent plants are never followed on the host, either way."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from skyrl_agent.harbor.environment import extract_bundle
+from skyrl_agent.inference.process import embedded_server
+from skyrl_agent.sandboxes.artifacts import ArtifactLimits, BundleWriter
+from tests.conftest import DEMO
+from tests.test_cli import assert_one_line_error, run
+
+pytestmark = pytest.mark.slow
+OUR_ENVIRONMENT = "skyrl_agent.harbor:SkyrlEnvironment"
+
+
+@pytest.fixture(autouse=True)
+def _offline_litellm(monkeypatch):
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # harbor imports litellm
+
+
+async def _trial(tmp_path: Path, task: Path, agent: dict, env_kwargs: dict | None = None):
+    from harbor.models.trial.config import (
+        AgentConfig,
+        EnvironmentConfig,
+        TaskConfig,
+        TrialConfig,
+    )
+    from harbor.trial.trial import Trial
+
+    config = TrialConfig(task=TaskConfig(path=task), trials_dir=tmp_path / "trials",
+                         agent=AgentConfig(**agent),
+                         environment=EnvironmentConfig(import_path=OUR_ENVIRONMENT,
+                                                       kwargs=env_kwargs or {}))
+    trial = await Trial.create(config)
+    return await trial.run()
+
+
+@pytest.fixture(scope="module")
+def long_tiny_model(smollm2_dir, tmp_path_factory) -> Path:
+    """A random 2-layer Llama with SmolLM2's tokenizer and a 4096-token context: its replies
+    fill the context fast enough for a summary within a dozen turns."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=4096, eos_token_id=tokenizer.eos_token_id,
+                         bos_token_id=tokenizer.bos_token_id, tie_word_embeddings=True)
+    folder = tmp_path_factory.mktemp("long-tiny")
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_a_harbor_trial_of_our_terminus_carries_its_tokens(long_tiny_model, tmp_path,
+                                                          work_root):
+    tiny_model_dir = long_tiny_model
+    server = embedded_server(str(tiny_model_dir))
+    url = server.start()
+    try:
+        result = asyncio.run(_trial(tmp_path, DEMO / "hello-file", {
+            "import_path": "skyrl_agent.harbor:TerminusHarborAgent",
+            "model_name": "tiny", "kwargs": {
+                "endpoint": url, "tokenizer": str(tiny_model_dir),
+                "settings": {"agent.max_turns": 11, "inference.max_tokens": 96,
+                             "agent.max_context_tokens": 2000}}},
+            {"work_root": str(work_root)}))
+    finally:
+        server.stop()
+    assert result.exception_info is None
+    assert result.verifier_result is not None
+    assert result.verifier_result.rewards == {"reward": 0.0}  # a random model writes nothing
+    details = result.agent_result.rollout_details
+    assert result.agent_result.metadata["summaries"] >= 1
+    assert len(details) == result.agent_result.metadata["summaries"] + 1  # one per segment
+    for detail in details:
+        prompts, completions = detail["prompt_token_ids"], detail["completion_token_ids"]
+        assert completions and len(prompts) == len(completions) == len(detail["logprobs"])
+        for ids, logprobs in zip(completions, detail["logprobs"], strict=True):
+            assert ids and len(ids) == len(logprobs) and all(lp <= 0 for lp in logprobs)
+        for k in range(1, len(prompts)):  # each prompt extends the last prompt + completion
+            history = prompts[k - 1] + completions[k - 1]
+            assert prompts[k][:len(history)] == history
+    turns = sum(len(d["completion_token_ids"]) for d in details)
+    assert result.agent_result.n_output_tokens == sum(
+        len(ids) for d in details for ids in d["completion_token_ids"])
+    assert turns == result.agent_result.metadata["turns"]
+
+
+def test_harbors_oracle_passes_in_our_sandbox(tmp_path, work_root):
+    result = asyncio.run(_trial(tmp_path, DEMO / "csv-column-sum", {"name": "oracle"},
+                                {"work_root": str(work_root)}))
+    assert result.exception_info is None
+    assert result.verifier_result.rewards["reward"] == 1.0  # read by Harbor through us
+
+
+@pytest.mark.parametrize(("agent", "expected"), [("oracle", 1.0), ("nop", 0.0)])
+def test_our_agents_run_in_a_harbor_environment(agent, expected):
+    """Through the harbor: backend (our Sandbox over a Harbor environment), separate-mode
+    verification included: the artifacts leave through Harbor's download_dir."""
+    result = run("tasks", "check", "demo", "--agent", agent, "--json", "-j", "2",
+                 "--sandbox", f"harbor:{OUR_ENVIRONMENT}",
+                 "--set", "tasks.include=[python-bugfix,git-init-commit,extract-archive]")
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(rows) == 3
+    assert all(row["reward"] == expected and row["reason"] is None for row in rows), rows
+
+
+def test_a_harbor_backend_without_a_kind_is_one_line():
+    result = run("tasks", "check", str(DEMO / "hello-file"), "--agent", "oracle",
+                 "--sandbox", "harbor")
+    assert_one_line_error(result, "harbor:TYPE")
+
+
+def test_planted_links_are_not_followed_on_the_host(tmp_path):
+    """Attack: the agent makes Harbor's reward file a link to a host file, and a link that
+    climbs out of the downloaded folder; neither lands on the host."""
+    buffer = io.BytesIO()
+    with BundleWriter(buffer, ArtifactLimits()) as writer:
+        writer.add_dir("logs/verifier")
+        writer.add_symlink("logs/verifier/reward.txt", "/etc/passwd")
+        writer.add_symlink("logs/verifier/up", "../../../../../../etc")
+        writer.add_symlink("logs/verifier/inside", "kept.txt")
+        data = b"0.5\n"
+        writer.add_file("logs/verifier/kept.txt", io.BytesIO(data), len(data))
+    target = tmp_path / "verifier"
+    extract_bundle(buffer.getvalue(), "/logs/verifier", target)
+    assert sorted(os.listdir(target)) == ["inside", "kept.txt"]
+    assert (target / "inside").read_text() == "0.5\n"  # a link inside the folder is kept
