@@ -13,12 +13,13 @@ from typing import Annotated
 import typer
 
 from skyrl_agent import __version__
-from skyrl_agent.cli import agents, evaluate, rollout, serve, sft, tasks, train
+from skyrl_agent.cli import agents, audit, evaluate, rollout, serve, sft, tasks, train
 from skyrl_agent.cli.common import console, err_console
 from skyrl_agent.errors import RunStopped, UserError
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False,
                   help="skyrl-agent: an RL gym for LLM agents in sandboxes.")
+tasks.app.command("audit")(audit.tasks_audit)
 app.add_typer(tasks.app, name="tasks")
 app.add_typer(agents.app, name="agents")
 app.command()(rollout.rollout)

@@ -9,7 +9,7 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from skyrl_agent.agents.base import agent_class, run_agent
+from skyrl_agent.agents.base import Agent, agent_class, run_agent
 from skyrl_agent.config import SandboxConfig, VerifierConfig
 from skyrl_agent.envs.env import Env
 from skyrl_agent.envs.episode import AgentOutcome, run_episode
@@ -35,12 +35,14 @@ class CheckResult:
         return asdict(self)
 
 
-async def check_task(task: TaskSpec, agent_name: str, pool: SandboxPool,
+async def check_task(task: TaskSpec, agent: str | Agent, pool: SandboxPool,
                      verifier: VerifierConfig | None = None) -> CheckResult:
-    """One episode of a model-free agent; failures become a reason, not an exception."""
-    agent = agent_class(agent_name)()
+    """One episode of a model-free agent (a registered name, or an instance); failures
+    become a reason, not an exception."""
+    if isinstance(agent, str):
+        agent = agent_class(agent)()
     if getattr(agent, "needs_model", True):
-        raise UserError(f"agent {agent_name!r} needs a model; `tasks check` runs oracle or nop")
+        raise UserError(f"agent {agent.name!r} needs a model; `tasks check` runs oracle or nop")
 
     async def act(env: Env) -> AgentOutcome:
         return await run_agent(agent, env, None, task.agent_timeout_s)

@@ -1,0 +1,119 @@
+"""Adversarial agents for `tasks audit`: each tries one way to get a reward without doing the task.
+
+None calls a model; each runs one shell script in the agent's sandbox (as the task's agent
+user). A task is gameable when one of them scores more than doing nothing. The forging payload
+writes both reward files, and the Python one also leaves a process that keeps rewriting them and
+ends its host process at once, so a test harness that imports it never writes its own verdict.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from skyrl_agent.agents.base import Agent
+from skyrl_agent.envs.env import Env
+
+FORGE_SH = ("mkdir -p /logs/verifier 2>/dev/null; echo 1 > /logs/verifier/reward.txt; "
+            "echo '{\"reward\": 1.0}' > /logs/verifier/reward.json")
+"""Shell: write a full reward in both of Harbor's reward files."""
+LURK_SH = f"setsid bash -c 'for i in $(seq 20000); do {FORGE_SH}; sleep 0.005; done' " \
+          "</dev/null >/dev/null 2>&1 &"
+"""Shell: a detached process that keeps forging for about two minutes."""
+FORGE_PY = '''import os as _o
+def _forge():
+    try:
+        _o.makedirs("/logs/verifier", exist_ok=True)
+        open("/logs/verifier/reward.txt", "w").write("1")
+        open("/logs/verifier/reward.json", "w").write('{"reward": 1.0}')
+    except OSError:
+        pass
+_forge()
+if _o.fork() == 0:
+    _o.setsid()
+    if _o.fork() == 0:
+        _o.closerange(0, 256)  # hold no pipe of the harness open: it must not wait for us
+        import time as _t
+        for _ in range(20000):
+            _forge()
+            _t.sleep(0.005)
+    _o._exit(0)
+_o._exit(0)
+'''
+"""Python: forge, leave a forging process, end the importing process at once."""
+
+
+def _write_py(path: str) -> str:
+    """Shell: write FORGE_PY to `path` (here-doc, no quoting issues)."""
+    return f"cat > {path} <<'SKYRL_EOF'\n{FORGE_PY}SKYRL_EOF\n"
+
+
+def _prepend_py_to_workdir() -> str:
+    return ("find . -name '*.py' -type f 2>/dev/null | head -500 | while read -r f; do "
+            "{ cat /tmp/.forge.py; cat \"$f\"; } > \"$f.forged\" && mv \"$f.forged\" \"$f\"; "
+            "d=$(dirname \"$f\"); cp /tmp/.forge.py \"$d/conftest.py\"; done; "
+            "cp /tmp/.forge.py conftest.py")
+
+
+ATTACKS: dict[str, str] = {
+    "forge-reward-files": FORGE_SH,
+    "reward-lurker": LURK_SH,
+    "verifier-dir-symlink": (
+        "mkdir -p /tmp/forged && echo 1 > /tmp/forged/reward.txt && "
+        "echo '{\"reward\": 1.0}' > /tmp/forged/reward.json && rm -rf /logs/verifier && "
+        "mkdir -p /logs && ln -s /tmp/forged /logs/verifier"),
+    "planted-tests": (
+        f"mkdir -p /tests && printf '%s\\n' '#!/bin/bash' {shlex.quote(FORGE_SH)} "
+        "> /tests/test.sh && chmod +x /tests/test.sh"),
+    "python-startup-hooks": (
+        _write_py("/tmp/.forge.py") +
+        "for d in $(python3 -c 'import site; print(site.getusersitepackages(), "
+        "*site.getsitepackages())' 2>/dev/null); do mkdir -p \"$d\" 2>/dev/null && "
+        "cp /tmp/.forge.py \"$d/sitecustomize.py\" 2>/dev/null && "
+        "cp /tmp/.forge.py \"$d/usercustomize.py\" 2>/dev/null; done; true"),
+    "shadowed-stdlib": (
+        _write_py("/tmp/.forge.py") +
+        "for m in json os sys re pathlib subprocess unittest pytest typing collections "
+        "csv tarfile; do cp /tmp/.forge.py \"$m.py\"; done"),
+    "import-time-forger": _write_py("/tmp/.forge.py") + _prepend_py_to_workdir(),
+    "rewritten-scripts": (
+        "printf '%s\\n' '#!/bin/bash' " + shlex.quote(FORGE_SH) + " " + shlex.quote(LURK_SH) +
+        " > /tmp/.forge.sh; find . -type f \\( -name '*.sh' -o -perm -u+x \\) "
+        "-not -path '*/.git/*' 2>/dev/null | head -500 | while read -r f; do "
+        "cp /tmp/.forge.sh \"$f\" && chmod +x \"$f\"; done; true"),
+    "git-hooks": (
+        "cat > /tmp/.forge.sh <<'SKYRL_EOF'\n#!/bin/bash\n" + FORGE_SH + "\n" + LURK_SH +
+        "\nSKYRL_EOF\nchmod +x /tmp/.forge.sh; "
+        "find . -name .git -type d 2>/dev/null | head -50 | while read -r g; do "
+        "mkdir -p \"$g/hooks\"; cp /tmp/.forge.sh \"$g/forge.sh\"; "
+        "for h in pre-commit post-commit post-checkout pre-push commit-msg post-merge "
+        "reference-transaction post-index-change fsmonitor-watchman; do "
+        "cp /tmp/.forge.sh \"$g/hooks/$h\"; done; "
+        "git -C \"$(dirname \"$g\")\" config core.fsmonitor \"$(cd \"$g\" && pwd)/forge.sh\"; "
+        "git -C \"$(dirname \"$g\")\" config core.pager \"$(cd \"$g\" && pwd)/forge.sh\"; "
+        "done; true"),
+    "solution-hunt": (
+        "for s in /solution/solve.sh $(find / -xdev -name solve.sh -not -path '/proc/*' "
+        "2>/dev/null | head -5); do [ -f \"$s\" ] && bash \"$s\" && exit 0; done; "
+        "find . -name .git -type d 2>/dev/null | head -20 | while read -r g; do "
+        "r=$(dirname \"$g\"); newest=$(git -C \"$r\" log --all --reflog --format=%H -1 "
+        "2>/dev/null); [ -n \"$newest\" ] && git -C \"$r\" checkout -qf \"$newest\" "
+        "2>/dev/null; done; true"),
+    "wipe-workdir": "find . -mindepth 1 -delete 2>/dev/null; true",
+}
+"""Name -> the script the adversary runs in the task's working directory."""
+
+
+class Adversary(Agent):
+    """Runs one attack script and stops; the verifier decides whether it paid off."""
+
+    name = "adversary"
+    needs_model = False
+
+    def __init__(self, attack: str) -> None:
+        super().__init__(max_turns=1)
+        self.attack = attack
+
+    async def run(self, env: Env, llm: Any | None) -> None:
+        await env.exec(ATTACKS[self.attack], timeout=min(120.0, env.task.agent_timeout_s),
+                       cwd=env.workdir)
