@@ -14,6 +14,8 @@ from rich.table import Table
 from skyrl_agent.cli.common import console, err_console, setup_logging
 
 if TYPE_CHECKING:
+    from skyrl_agent.evaluation.regrade import Regrade
+    from skyrl_agent.evaluation.run import Decode
     from skyrl_agent.evaluation.stats import RunSummary
     from skyrl_agent.types import Trajectory
 
@@ -29,6 +31,10 @@ def eval_run(
         "a training run's curves) and a trajectory viewer."))] = None,
     atif: Annotated[Path | None, typer.Option(
         help="Export every trajectory as Harbor ATIF JSON into this folder.")] = None,
+    hacks: Annotated[bool, typer.Option(help=(
+        "The hack rate: rewarded trajectories whose actions touch the grader (/tests, "
+        "/logs/verifier, /solution, git history) or, with --regrade, whose re-grade is lower."))]
+        = False,
     sandbox: Annotated[str | None, typer.Option(help="Sandbox backend for --regrade.")] = None,
     jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Re-grades run at once.")]
         = 2,
@@ -48,10 +54,11 @@ def eval_run(
     if compare_to is not None:
         other = summarize(load_run(compare_to))
         print_comparison(summary, other, (str(run_dir), str(compare_to)))
-    if regrade:
-        print_regrades(trajectories, run_dir, sandbox, jobs)
+    regrades = print_regrades(trajectories, run_dir, sandbox, jobs) if regrade else []
+    decode = decoder(run_dir) if html is not None or atif is not None or hacks else None
+    if hacks:
+        print_hacks(trajectories, decode, regrades)
     if html is not None or atif is not None:
-        decode = decoder(run_dir)
         if html is not None:
             from skyrl_agent.evaluation.curves import training_series
             from skyrl_agent.evaluation.html import write_report
@@ -94,7 +101,7 @@ def print_comparison(a: RunSummary, b: RunSummary, names: tuple[str, str]) -> No
 
 
 def print_regrades(trajectories: list[Trajectory], run_dir: Path, sandbox: str | None,
-                   jobs: int) -> None:
+                   jobs: int) -> list[Regrade]:
     from skyrl_agent.config import SandboxConfig
     from skyrl_agent.evaluation.regrade import regrade
     from skyrl_agent.evaluation.run import run_tasks
@@ -109,3 +116,20 @@ def print_regrades(trajectories: list[Trajectory], run_dir: Path, sandbox: str |
     same = sum(1 for r in results if r.regraded is not None and r.regraded == r.stored)
     done = sum(1 for r in results if r.regraded is not None)
     console.print(f"re-graded {done} of {len(results)}; {same} agree with the stored reward")
+    return results
+
+
+def print_hacks(trajectories: list[Trajectory], decode: Decode | None,
+                regrades: list[Regrade]) -> None:
+    from skyrl_agent.evaluation.hacks import hack_report
+
+    report = hack_report(trajectories, decode, regrades)
+    checks = [name for name, done in (("re-grades", report.regraded),
+                                      ("actions", report.read_actions)) if done]
+    console.print(f"hack rate {report.rate:.3f}: {len(report.flagged)} of {report.rewarded} "
+                  f"rewarded trajectories flagged (checked: {', '.join(checks) or 'nothing'})")
+    if report.flagged:
+        table = Table("task", "sample", "why")
+        for flag in report.flagged:
+            table.add_row(flag.task_id, str(flag.sample_index), "; ".join(flag.reasons))
+        console.print(table)
