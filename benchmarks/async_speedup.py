@@ -22,14 +22,20 @@ groups_per_step x 8 everywhere, so it never caps the admission window of max_sta
 The latency floor of the synchronous run is the sum over steps of the longest wait of the step.
 Target (the issue, after AReaL's 2.77x): >= 2.5x with no reward loss.
 
+With --repeats R every configuration runs R times, repeat r with run seed r (so its sampling
+and its agents' waits differ between repeats and are equal across configurations), and a second
+table gives each configuration's mean and spread over the repeats.
+
 Run: .venv/bin/python benchmarks/async_speedup.py [--steps 8] [--median 1] [--sigma 1]
-     [--eval 64]   (about 8 minutes on 2 cores; --median 3 about 11)
+     [--eval 64] [--staleness 0 1 2 4] [--repeats 1]
+     (about 8 minutes on 2 cores; --median 3 about 11)
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import random
 import statistics
@@ -104,6 +110,7 @@ class Outcome:
     final_reward: float
     eval_reward: float
     rewards: list[float]
+    seed: int = 0
 
 
 def load_line(label: str) -> str:
@@ -118,10 +125,10 @@ def cpu_times() -> tuple[int, int]:
     return sum(fields) - idle, sum(fields)
 
 
-def sync_floor(args: argparse.Namespace) -> float:
+def sync_floor(args: argparse.Namespace, seed: int = 0) -> float:
     """Seconds the synchronous run waits on agents alone: each step's longest wait."""
     per_step = args.groups_per_step * N
-    waits = [LognormalAnswerAgent.wait_s(sample_seed(0, TASK, i))
+    waits = [LognormalAnswerAgent.wait_s(sample_seed(seed, TASK, i))
              for i in range(args.steps * per_step)]
     return sum(max(waits[s:s + per_step]) for s in range(0, len(waits), per_step))
 
@@ -150,11 +157,12 @@ def final_policy_reward(config: RunConfig, run_dir: Path, samples: int) -> float
 
 
 def one_configuration(staleness: int, model: Path, work_root: Path, run_dir: Path,
-                      args: argparse.Namespace) -> Outcome:
-    config = load_config(None, [
+                      args: argparse.Namespace, seed: int = 0) -> Outcome:
+    window = (max(args.staleness) + 1) * args.groups_per_step * N
+    config = load_config(None, [f"seed={seed}",
         "agent.name=lognormal-answer", "tasks.source=toy", f"inference.model={model}",
         "inference.max_tokens=8", f"collector.n_samples_per_task={N}",
-        f"collector.max_concurrent_sandboxes={(max(STALENESS) + 1) * args.groups_per_step * N}",
+        f"collector.max_concurrent_sandboxes={window}",
         "trainer.learning_rate=3e-2", f"trainer.groups_per_step={args.groups_per_step}",
         f"trainer.max_steps={args.steps}", f"trainer.checkpoint_every={args.steps}",
         f"trainer.max_staleness={staleness}", f"sandbox.work_root={work_root}"])
@@ -171,7 +179,7 @@ def one_configuration(staleness: int, model: Path, work_root: Path, run_dir: Pat
     stored = TrajectoryStore(run_dir).load().trajectories
     eval_reward = final_policy_reward(config, run_dir, args.eval) if args.eval else float("nan")
     return Outcome(
-        staleness=staleness, wall_s=wall, loop_s=step_ends[-1] - first,
+        staleness=staleness, seed=seed, wall_s=wall, loop_s=step_ends[-1] - first,
         busy=(busy_after - busy_before) / max(total_after - total_before, 1),
         idle=statistics.mean(m["trainer_idle"] for m in metrics),
         train_s=sum(m["train_s"] + m["sync_s"] for m in metrics),
@@ -185,18 +193,42 @@ def one_configuration(staleness: int, model: Path, work_root: Path, run_dir: Pat
 
 
 def table(outcomes: Sequence[Outcome]) -> str:
-    sync = outcomes[0]
-    lines = ["| max_staleness | wall s | x sync | training s | x sync | CPU busy | trainer idle | "
-             "train+sync s | sampled | trained | masked | dropped groups | staleness max | "
-             "reward, last 2 steps | reward, final weights |",
-             "|---|" + "---:|" * 14]
+    """One row per run; ratios against the synchronous run of the same seed."""
+    sync = {o.seed: o for o in outcomes if o.staleness == 0}
+    lines = ["| max_staleness | seed | wall s | x sync | training s | x sync | CPU busy | "
+             "trainer idle | train+sync s | sampled | trained | masked | dropped groups | "
+             "staleness max | reward, last 2 steps | reward, final weights |",
+             "|---|---:|" + "---:|" * 14]
     for o in outcomes:
+        base = sync.get(o.seed, o)
         name = f"{o.staleness} (sync)" if o.staleness == 0 else str(o.staleness)
         lines.append(
-            f"| {name} | {o.wall_s:.1f} | {sync.wall_s / o.wall_s:.2f} | {o.loop_s:.1f} | "
-            f"{sync.loop_s / o.loop_s:.2f} | {100 * o.busy:.0f}% | {100 * o.idle:.1f}% | "
-            f"{o.train_s:.2f} | {o.sampled} | {o.trained} | {o.masked} | {o.dropped} | "
-            f"{o.staleness_max} | {o.final_reward:.3f} | {o.eval_reward:.3f} |")
+            f"| {name} | {o.seed} | {o.wall_s:.1f} | {base.wall_s / o.wall_s:.2f} | "
+            f"{o.loop_s:.1f} | {base.loop_s / o.loop_s:.2f} | {100 * o.busy:.0f}% | "
+            f"{100 * o.idle:.1f}% | {o.train_s:.2f} | {o.sampled} | {o.trained} | {o.masked} | "
+            f"{o.dropped} | {o.staleness_max} | {o.final_reward:.3f} | {o.eval_reward:.3f} |")
+    return "\n".join(lines)
+
+
+def spread(values: Sequence[float]) -> str:
+    values = [v for v in values if not math.isnan(v)]  # --eval 0 measured none
+    if len(values) < 2:
+        return f"{values[0]:.2f}" if values else "-"
+    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
+
+
+def summary(outcomes: Sequence[Outcome]) -> str:
+    """Per configuration over its repeats: mean ± standard deviation."""
+    sync = {o.seed: o for o in outcomes if o.staleness == 0}
+    lines = ["| max_staleness | repeats | wall x sync | training x sync | reward, final weights |",
+             "|---|---:|---:|---:|---:|"]
+    for staleness in dict.fromkeys(o.staleness for o in outcomes):
+        runs = [o for o in outcomes if o.staleness == staleness and o.seed in sync]
+        lines.append(
+            f"| {staleness} | {len(runs)} | "
+            f"{spread([sync[o.seed].wall_s / o.wall_s for o in runs])} | "
+            f"{spread([sync[o.seed].loop_s / o.loop_s for o in runs])} | "
+            f"{spread([o.eval_reward for o in runs])} |")
     return "\n".join(lines)
 
 
@@ -214,6 +246,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--sigma", type=float, default=1.0, help="lognormal shape")
     parser.add_argument("--eval", type=int, default=64,
                         help="fresh samples of the final weights per configuration (0: skip)")
+    parser.add_argument("--staleness", type=int, nargs="+", default=list(STALENESS),
+                        help="max_staleness values; 0 (synchronous) is always run first")
+    parser.add_argument("--repeats", type=int, default=1, help="runs per configuration")
     args = parser.parse_args(argv)
     LognormalAnswerAgent.median_s, LognormalAnswerAgent.sigma = args.median, args.sigma
     plugins.register(plugins.AGENTS, LognormalAnswerAgent.name, LognormalAnswerAgent)
@@ -222,7 +257,8 @@ def main(argv: Sequence[str] | None = None) -> None:
           f"{args.groups_per_step} groups x {N} samples = "
           f"{args.steps * args.groups_per_step * N} trajectories trained per configuration; "
           f"waits lognormal(median {args.median:g} s, sigma {args.sigma:g}); synchronous "
-          f"latency floor {sync_floor(args):.1f} s")
+          f"latency floor {sync_floor(args):.1f} s (seed 0)")
+    args.staleness = [0, *(s for s in args.staleness if s != 0)]
     outcomes: list[Outcome] = []
     with tempfile.TemporaryDirectory(prefix="skyrl-bench-async-") as temp:
         base = Path(temp)
@@ -230,16 +266,20 @@ def main(argv: Sequence[str] | None = None) -> None:
         work_root = base / "sandboxes"
         work_root.mkdir(mode=0o755)
         model = char_model_dir(base / "model")
-        for staleness in STALENESS:
-            print(load_line(f"max_staleness {staleness}, before"), flush=True)
-            outcome = one_configuration(staleness, model, work_root,
-                                        base / f"run-{staleness}", args)
-            outcomes.append(outcome)
+        for seed in range(args.repeats):
+            for staleness in args.staleness:
+                print(load_line(f"seed {seed}, max_staleness {staleness}, before"), flush=True)
+                outcome = one_configuration(staleness, model, work_root,
+                                            base / f"run-{seed}-{staleness}", args, seed)
+                outcomes.append(outcome)
             print(f"  {outcome.wall_s:.1f} s, training {outcome.loop_s:.1f} s; rewards per step: "
                   + " ".join(f"{r:.2f}" for r in outcome.rewards), flush=True)
         print(load_line("after all"))
     print()
     print(table(outcomes))
+    if args.repeats > 1:
+        print()
+        print(summary(outcomes))
 
 
 if __name__ == "__main__":
