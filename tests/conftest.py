@@ -69,19 +69,9 @@ def smollm2_dir() -> Path:
 @pytest.fixture(scope="session")
 def tiny_model_dir(smollm2_dir, tmp_path_factory) -> Path:
     """A randomly initialized 2-layer Llama with SmolLM2's tokenizer: real code paths, < 1 s."""
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from tests.tiny_models import tiny_llama_dir
 
-    torch.manual_seed(0)
-    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=512, eos_token_id=tokenizer.eos_token_id,
-                         bos_token_id=tokenizer.bos_token_id, tie_word_embeddings=True)
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    LlamaForCausalLM(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
+    return tiny_llama_dir(tmp_path_factory.mktemp("tiny-llama"), smollm2_dir)
 
 
 @pytest.fixture

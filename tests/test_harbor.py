@@ -21,6 +21,7 @@ from skyrl_agent.inference.process import embedded_server
 from skyrl_agent.sandboxes.artifacts import ArtifactLimits, BundleWriter
 from tests.conftest import DEMO
 from tests.test_cli import assert_one_line_error, run
+from tests.tiny_models import tiny_llama_dir
 
 pytestmark = pytest.mark.slow
 OUR_ENVIRONMENT = "skyrl_agent.harbor:SkyrlEnvironment"
@@ -50,21 +51,9 @@ async def _trial(tmp_path: Path, task: Path, agent: dict, env_kwargs: dict | Non
 
 @pytest.fixture(scope="module")
 def long_tiny_model(smollm2_dir, tmp_path_factory) -> Path:
-    """A random 2-layer Llama with SmolLM2's tokenizer and a 4096-token context: its replies
-    fill the context fast enough for a summary within a dozen turns."""
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=4096, eos_token_id=tokenizer.eos_token_id,
-                         bos_token_id=tokenizer.bos_token_id, tie_word_embeddings=True)
-    folder = tmp_path_factory.mktemp("long-tiny")
-    LlamaForCausalLM(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
+    """The tiny Llama with a 4096-token context: its replies fill the context fast enough for a
+    summary within a dozen turns."""
+    return tiny_llama_dir(tmp_path_factory.mktemp("long-tiny"), smollm2_dir, max_positions=4096)
 
 
 def test_a_harbor_trial_of_our_terminus_carries_its_tokens(long_tiny_model, tmp_path,
