@@ -5,14 +5,25 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from harbor.models.task.config import NetworkMode, TaskConfig
 from harbor.models.task.task import Task
 from pydantic import ValidationError
 
 from skyrl_agent.errors import TaskError
+from skyrl_agent.types import Reward
 
 DEFAULT_AGENT_TIMEOUT_S = 600.0
+
+
+class LogGrader(Protocol):
+    """Grades a task on the host from its test output, instead of a reward file the tests
+    write (SWE-bench-format tasks: swebench's log parsers decide resolved)."""
+
+    def grade(self, log: str) -> Reward:
+        """The reward for test.sh's output (stdout and stderr), read after it ended."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -27,6 +38,9 @@ class TaskSpec:
     """instruction.md, given to the agent verbatim (canary lines stripped)."""
     config: TaskConfig
     """harbor's parsed task.toml."""
+    grader: LogGrader | None = None
+    """When set, the reward comes from grading test.sh's output on the host, and reward files
+    are ignored."""
 
     @property
     def environment_dir(self) -> Path:
