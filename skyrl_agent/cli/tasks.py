@@ -70,7 +70,7 @@ def tasks_check(
     """Run oracle or nop on tasks in sandboxes and report each task's reward."""
     from skyrl_agent.collector.check import check_tasks
     from skyrl_agent.config import load_config
-    from skyrl_agent.sandboxes.base import sandbox_backend
+    from skyrl_agent.sandboxes.base import preflight, sandbox_backend
     from skyrl_agent.sandboxes.reaper import reap_leftovers
     from skyrl_agent.tasks import resolve_tasks
 
@@ -79,6 +79,7 @@ def tasks_check(
                                     *([f"sandbox.backend={sandbox}"] if sandbox else [])])
     sandbox_backend(settings.sandbox.backend)  # unknown backend: one line, before any work
     tasks = resolve_tasks(ref, settings.tasks.include, settings.tasks.limit)
+    preflight(tasks, settings.sandbox)
     reap_leftovers(settings.sandbox)
     rewards: list[float] = []
     errors = 0

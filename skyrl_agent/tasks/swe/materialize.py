@@ -40,8 +40,6 @@ from skyrl_agent.tasks.swe.harness import (
 )
 from skyrl_agent.tasks.swe.instance import SweInstance
 
-FORMAT = "1"
-"""Bumped whenever the generated files change, so cached task folders are rewritten."""
 LOCAL_BASE_IMAGE = "skyrl-agent/base:bookworm"
 """What a repo shipped as a stream is built on (python3, pytest and git; scripts/)."""
 MODEL_PATCH = "/skyrl/swe/model.patch"
@@ -141,18 +139,8 @@ def solve_sh() -> str:
             "git apply -v --binary /solution/gold.patch\n")
 
 
-def _digest(instance: SweInstance, name: str, origin: Origin) -> str:
-    digest = hashlib.sha256()
-    for part in (FORMAT, name, origin.image_namespace, instance.model_dump_json(),
-                 PREPARE.read_text()):
-        digest.update(part.encode())
-        digest.update(b"\0")
-    if origin.repo_stream is not None:
-        digest.update(origin.repo_stream.read_bytes())
-    return digest.hexdigest()[:24]
-
-
-def _write(root: Path, instance: SweInstance, name: str, origin: Origin) -> None:
+def task_files(instance: SweInstance, name: str, origin: Origin) -> dict[str, bytes]:
+    """Every file of the instance's task folder, by relative path."""
     local = origin.repo_stream is not None
     files = {
         "task.toml": task_toml(instance, name, local),
@@ -162,26 +150,39 @@ def _write(root: Path, instance: SweInstance, name: str, origin: Origin) -> None
         "solution/solve.sh": solve_sh(),
         "solution/gold.patch": instance.patch,
     }
-    for relative, text in files.items():
+    out = {path: text.encode() for path, text in files.items()}
+    out["environment/prepare_testbed.sh"] = PREPARE.read_bytes()
+    if origin.repo_stream is not None:
+        out["environment/repo.fi"] = origin.repo_stream.read_bytes()
+    return out
+
+
+def _digest(files: dict[str, bytes]) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(files):
+        digest.update(path.encode() + b"\0" + hashlib.sha256(files[path]).digest())
+    return digest.hexdigest()[:24]
+
+
+def _write(root: Path, files: dict[str, bytes]) -> None:
+    for relative, data in files.items():
         path = root / relative
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-    shutil.copyfile(PREPARE, root / "environment" / "prepare_testbed.sh")
-    if origin.repo_stream is not None:
-        shutil.copyfile(origin.repo_stream, root / "environment" / "repo.fi")
+        path.write_bytes(data)
 
 
 def materialize(instance: SweInstance, name: str, origin: Origin) -> TaskSpec:
     """The instance's task (written to the cache unless it is there), graded by swebench."""
     local = origin.repo_stream is not None
     ensure_spec(instance.repo, instance.version, known_local=local)
+    files = task_files(instance, name, origin)
     cache = cache_dir() / "swe-tasks"
-    folder = cache / _digest(instance, name, origin)
+    folder = cache / _digest(files)  # named by content: a changed instance gets a new folder
     if not (folder / "task.toml").is_file():
         cache.mkdir(parents=True, exist_ok=True)
         scratch = Path(tempfile.mkdtemp(prefix=".writing-", dir=cache))
         try:
-            _write(scratch, instance, name, origin)
+            _write(scratch, files)
             os.replace(scratch, folder)
         except OSError:
             if not (folder / "task.toml").is_file():  # not a concurrent writer's win
