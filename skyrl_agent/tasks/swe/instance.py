@@ -96,7 +96,8 @@ def _instance(row: Any, where: str) -> SweInstance:
         err = exc.errors()[0]
         field = ".".join(str(p) for p in err["loc"]) or "instance"
         name = row.get("instance_id", "?")
-        raise TaskError(f"{where} ({name}): {field}: {err['msg']}") from None
+        message = err["msg"].removeprefix("Value error, ")
+        raise TaskError(f"{where} ({name}): {field}: {message}") from None
 
 
 def _rows_of(path: Path) -> Iterable[tuple[str, Any]]:
