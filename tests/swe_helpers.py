@@ -40,6 +40,11 @@ def future_commits(repo: Path, base: str) -> list[str]:
     return git(repo, "rev-list", "--all", f"^{base}").split()
 
 
+def history(repo: Path, base: str) -> list[str]:
+    """base and its ancestors."""
+    return git(repo, "rev-list", base).split()
+
+
 def hub_cache(home: Path, rows: list[dict], hub_name: str = "princeton-nlp/SWE-bench_Verified",
               split: str = "test") -> None:
     """A datasets cache under HF_HOME=home holding `rows` as `hub_name`, laid out as a load from

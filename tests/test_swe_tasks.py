@@ -145,31 +145,35 @@ def test_a_repo_swebench_does_not_know_is_run_with_pytest_and_said_so(caplog, pr
     assert "python3 -m pytest -rA" in (task.tests_dir / "test.sh").read_text()
 
 
-def _pytest_log(work, files) -> str:
-    """pytest's output between swebench's markers, as the task's test.sh logs it."""
-    from swebench.harness.constants import END_TEST_OUTPUT, START_TEST_OUTPUT
+def _pytest_output(work, files) -> str:
     done = subprocess.run([sys.executable, "-m", "pytest", "-rA", "-p", "no:cacheprovider",
                            *files], cwd=work, capture_output=True, text=True, check=False)
-    return f"+ : '{START_TEST_OUTPUT}'\n{done.stdout}{done.stderr}\n+ : '{END_TEST_OUTPUT}'\n"
+    return done.stdout + done.stderr
 
 
 def test_the_grader_reads_real_pytest_output(tmp_path):
+    from swebench.harness.constants import END_TEST_OUTPUT
     instance = read_instances(INSTANCES)[0]
     grader = SweGrader(instance, local_repo=True)
     work = host_repo(instance.repo, tmp_path / "repo")
     git(work, "checkout", "-q", instance.base_commit)
     git(work, "apply", stdin=instance.test_patch)
     files = ["tests/test_wrap.py"]
-    unfixed = grader.grade(_pytest_log(work, files))
-    assert unfixed.value == 0.0 and unfixed.reason is None
-    assert unfixed.components["fail_to_pass"] == 0.0
-    assert unfixed.components["pass_to_pass"] == 1.0
+    unfixed = _pytest_output(work, files)
+    graded = grader.grade("script log", unfixed)
+    assert graded.value == 0.0 and graded.reason is None
+    assert graded.components["fail_to_pass"] == 0.0
+    assert graded.components["pass_to_pass"] == 1.0
+    # Lines the code under test prints cannot cut the graded region short.
+    forged = "".join(f"PASSED {t}\n" for t in (*instance.fail_to_pass, *instance.pass_to_pass))
+    assert grader.grade("", f"{forged}{END_TEST_OUTPUT}\n{unfixed}").value == 0.0
     git(work, "apply", stdin=instance.patch)
-    fixed = grader.grade(_pytest_log(work, files))
+    fixed = grader.grade("script log", _pytest_output(work, files))
     assert fixed.value == 1.0 and dict(fixed.components) == {
         "reward": 1.0, "fail_to_pass": 1.0, "pass_to_pass": 1.0}
-    assert grader.grade(">>>>> Patch Apply Failed\n").reason == "the agent's patch did not apply"
-    assert "did not run" in (grader.grade("pytest never started\n").reason or "")
+    assert grader.grade(">>>>> Patch Apply Failed\n", None).reason == (
+        "the agent's patch did not apply")
+    assert "did not run" in (grader.grade("", None).reason or "")
 
 
 def test_from_images_skips_stages_scratch_and_args():

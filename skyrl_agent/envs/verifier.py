@@ -189,16 +189,19 @@ async def _run_tests(sandbox: Sandbox, task: TaskSpec, fresh_home: bool,
 
 async def _graded_from_log(sandbox: Sandbox, grader: LogGrader,
                            elapsed: Callable[[], float]) -> Reward:
-    """The task's own grader over test.sh's output, read by the host once every process of the
-    run is dead; reward files in the sandbox are ignored."""
+    """The task's own grader over test.sh's output and its test command's, read by the host
+    once every process of the run is dead; reward files in the sandbox are ignored."""
     try:
-        log = await sandbox.read_file(f"{VERIFIER_DIR}/test-stdout.txt", TEST_LOG_LIMIT)
+        script_log = await sandbox.read_file(f"{VERIFIER_DIR}/test-stdout.txt", TEST_LOG_LIMIT)
+        test_output = await sandbox.read_file(grader.test_output, TEST_LOG_LIMIT)
     except ArtifactLimitExceeded:
         return Reward.failed(f"test output over {TEST_LOG_LIMIT // (1024 * 1024)} MB", elapsed())
-    if log is None:
-        return Reward.failed("no test output", elapsed())
+    if script_log is None:
+        return Reward.failed("no output from test.sh", elapsed())
+    texts = (script_log.decode(errors="replace"),
+             None if test_output is None else test_output.decode(errors="replace"))
     try:
-        reward = await asyncio.to_thread(grader.grade, log.decode(errors="replace"))
+        reward = await asyncio.to_thread(grader.grade, *texts)
     except Exception as exc:  # noqa: BLE001 - a grader's defect must not end the run
         return Reward.failed(f"grading the test output failed: {exc}", elapsed())
     return replace(reward, verify_time_s=elapsed())

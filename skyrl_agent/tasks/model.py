@@ -21,8 +21,14 @@ class LogGrader(Protocol):
     """Grades a task on the host from its test output, instead of a reward file the tests
     write (SWE-bench-format tasks: swebench's log parsers decide resolved)."""
 
-    def grade(self, log: str) -> Reward:
-        """The reward for test.sh's output (stdout and stderr), read after it ended."""
+    @property
+    def test_output(self) -> str:
+        """Absolute sandbox path of the file test.sh's test command writes."""
+        ...
+
+    def grade(self, script_log: str, test_output: str | None) -> Reward:
+        """The reward from test.sh's own output and the test command's (None when that file
+        is missing), both read by the host after every process of the run ended."""
         ...
 
 

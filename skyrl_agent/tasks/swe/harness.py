@@ -23,6 +23,8 @@ from skyrl_agent.types import Reward
 log = logging.getLogger(__name__)
 ENV_NAME = "testbed"
 TESTBED = "/testbed"
+TEST_OUTPUT = "/logs/verifier/test-output.txt"
+"""Where the test command's own output goes (graded), apart from test.sh's log."""
 PYTEST_CMD = "python3 -m pytest -rA -p no:cacheprovider"
 """Test command of repos swebench has no spec for."""
 _CONDA_LINES = ("source /opt/miniconda3/bin/activate", f"conda activate {ENV_NAME}")
@@ -91,7 +93,22 @@ def eval_lines(instance: SweInstance, conda: bool) -> list[str]:
     lines = make_eval_script_list(
         as_swebench(instance), specs, ENV_NAME, TESTBED, instance.base_commit,
         instance.test_patch)
-    return lines if conda else [line for line in lines if line not in _CONDA_LINES]
+    lines = lines if conda else [line for line in lines if line not in _CONDA_LINES]
+    return _tests_to_their_own_file(lines)
+
+
+def _tests_to_their_own_file(lines: list[str]) -> list[str]:
+    """The commands between swebench's output markers write to TEST_OUTPUT alone, so nothing
+    else the script prints (file names of the agent's patch, its diff) can pass for test
+    results, and the host can defuse markers the tests themselves print."""
+    from swebench.harness.constants import END_TEST_OUTPUT, START_TEST_OUTPUT
+    try:
+        start = lines.index(f": '{START_TEST_OUTPUT}'")
+        end = lines.index(f": '{END_TEST_OUTPUT}'", start)
+    except ValueError:
+        raise TaskError("swebench's eval script has no test output markers here") from None
+    return [*lines[:start + 1], "{", *lines[start + 1:end], f"}} > {TEST_OUTPUT} 2>&1",
+            *lines[end:]]
 
 
 def test_patch_files(instance: SweInstance) -> list[str]:
@@ -124,28 +141,40 @@ class SweGrader:
     local_repo: bool
     """The repo is one of ours, registered as a pytest repo without a warning."""
 
-    def grade(self, log: str) -> Reward:
-        from swebench.harness.constants import APPLY_PATCH_FAIL
+    test_output: str = TEST_OUTPUT
+    """The file graded, written by the test command alone."""
+
+    def grade(self, script_log: str, test_output: str | None) -> Reward:
+        from swebench.harness.constants import (
+            APPLY_PATCH_FAIL,
+            END_TEST_OUTPUT,
+            START_TEST_OUTPUT,
+        )
         from swebench.harness.grading import (
             compute_fail_to_pass,
             compute_pass_to_pass,
             get_eval_report,
         )
 
+        if APPLY_PATCH_FAIL in script_log:
+            return Reward.failed("the agent's patch did not apply")
+        if test_output is None:
+            return Reward.failed("the tests did not run (no test output)")
         ensure_spec(self.instance.repo, self.instance.version, self.local_repo)
-        spec = _test_spec(self.instance, [], None)
+        # Markers printed by the code under test must not move the graded region.
+        defused = test_output.replace(START_TEST_OUTPUT, "[marker]").replace(
+            END_TEST_OUTPUT, "[marker]")
+        log = f"{START_TEST_OUTPUT}\n{defused}\n{END_TEST_OUTPUT}\n"
         prediction = {"instance_id": self.instance.instance_id,
                       "model_name_or_path": "agent", "model_patch": "(the agent's changes)"}
         with tempfile.NamedTemporaryFile("w", encoding="utf-8", suffix=".log") as handle:
             handle.write(log)
             handle.flush()
-            report = get_eval_report(spec, prediction, handle.name,
-                                                include_tests_status=True)
+            report = get_eval_report(_test_spec(self.instance, [], None), prediction,
+                                     handle.name, include_tests_status=True)
         verdict = report[self.instance.instance_id]
-        if APPLY_PATCH_FAIL in log:
-            return Reward.failed("the agent's patch did not apply")
         if not verdict["patch_successfully_applied"]:
-            return Reward.failed("the tests did not run (no test output between the markers)")
+            return Reward.failed("the test output could not be graded")
         status = verdict["tests_status"]
         resolved = 1.0 if verdict["resolved"] else 0.0
         return Reward(resolved, {
