@@ -21,7 +21,11 @@ from tests.test_cli import assert_one_line_error, run
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("agent, expected", [("oracle", 1.0), ("nop", 0.0)])
+@pytest.mark.parametrize("backend, agent, expected", [
+    pytest.param("docker", "oracle", 1.0, marks=pytest.mark.docker),
+    pytest.param("docker", "nop", 0.0, marks=pytest.mark.docker),
+    ("local", "oracle", 1.0),  # the Dockerfile replayed on the host (nop: the hack tests)
+])
 def test_swe_mini_check(backend, agent, expected):
     result = run("tasks", "check", "swe-mini", "--sandbox", backend, "--agent", agent,
                  "-j", "3", "--json")
