@@ -202,3 +202,19 @@ def test_no_dataset_is_one_line_naming_what_to_provide(tmp_path, monkeypatch, ar
     assert_one_line_error(result, "not in the local Hugging Face datasets cache",
                           "JSONL or Parquet file")
     assert not output.exists()
+
+
+def test_without_the_swe_extra_the_other_sets_still_list():
+    blocked = ("import sys; sys.modules['swebench'] = None; "
+               "from skyrl_agent.cli import main; sys.argv = ['skyrl-agent', *sys.argv[1:]]; "
+               "main()")
+    listed = subprocess.run([sys.executable, "-c", blocked, "tasks", "list"],
+                            capture_output=True, text=True, timeout=300,
+                            env={**__import__("os").environ, "COLUMNS": "250"})
+    assert listed.returncode == 0, listed.stderr
+    text = " ".join(listed.stdout.replace("│", " ").split())
+    assert "demo 13" in text
+    assert "need the swebench package: pip install 'skyrl-agent[swe]'" in text
+    checked = subprocess.run([sys.executable, "-c", blocked, "tasks", "check", "swe-mini"],
+                             capture_output=True, text=True, timeout=300)
+    assert_one_line_error(checked, "need the swebench package")

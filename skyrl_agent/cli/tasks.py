@@ -23,13 +23,19 @@ app = typer.Typer(no_args_is_help=True, help="Inspect and check Harbor-format ta
 def tasks_list(name: Annotated[str | None, typer.Argument(
         help="A task set or path; without it, the bundled sets.")] = None) -> None:
     """List bundled task sets, or the tasks of one set."""
+    from rich.markup import escape
     from rich.table import Table
 
+    from skyrl_agent.errors import UserError
     from skyrl_agent.tasks import bundled_sets, resolve_tasks
     if name is None:
         table = Table("set", "tasks")
         for set_name in bundled_sets():
-            table.add_row(set_name, str(len(resolve_tasks(set_name))))
+            try:  # a set that needs an extra (swe-mini: swebench) must not hide the others
+                count = str(len(resolve_tasks(set_name)))
+            except UserError as exc:
+                count = escape(f"- ({exc})")
+            table.add_row(set_name, count)
         console.print(table)
         return
     table = Table("task", "category", "agent timeout", "network")

@@ -10,7 +10,6 @@ plain pytest projects; for another repo it is a guess, and loading says so once 
 from __future__ import annotations
 
 import functools
-import importlib.util
 import logging
 import tempfile
 from dataclasses import dataclass
@@ -32,9 +31,11 @@ _CONDA_LINES = ("source /opt/miniconda3/bin/activate", f"conda activate {ENV_NAM
 
 def require_swebench() -> None:
     """The swebench package is an extra: say how to install it, once, as a TaskError."""
-    if importlib.util.find_spec("swebench") is None:
+    try:
+        import swebench.harness.constants  # noqa: F401 - the first use pays the import
+    except ImportError:
         raise TaskError("SWE-bench-format tasks need the swebench package: pip install "
-                        "'skyrl-agent[swe]'")
+                        "'skyrl-agent[swe]'") from None
 
 
 def ensure_spec(repo: str, version: str, known_local: bool) -> bool:
