@@ -174,6 +174,9 @@ def test_the_grader_reads_real_pytest_output(tmp_path):
     assert grader.grade(">>>>> Patch Apply Failed\n", None).reason == (
         "the agent's patch did not apply")
     assert "did not run" in (grader.grade("", None).reason or "")
+    crashed = grader.grade("", "E   ModuleNotFoundError: No module named 'pytest'\n")
+    assert crashed.reason == ("no test results in the test output: "
+                              "E   ModuleNotFoundError: No module named 'pytest'")
 
 
 def test_from_images_skips_stages_scratch_and_args():

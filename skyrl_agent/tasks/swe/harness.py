@@ -156,6 +156,7 @@ class SweGrader:
             compute_pass_to_pass,
             get_eval_report,
         )
+        from swebench.harness.log_parsers import MAP_REPO_TO_PARSER
 
         if APPLY_PATCH_FAIL in script_log:
             return Reward.failed("the agent's patch did not apply")
@@ -165,14 +166,18 @@ class SweGrader:
         # Markers printed by the code under test must not move the graded region.
         defused = test_output.replace(START_TEST_OUTPUT, "[marker]").replace(
             END_TEST_OUTPUT, "[marker]")
+        spec = _test_spec(self.instance, [], None)
+        if not MAP_REPO_TO_PARSER[self.instance.repo](defused, spec):
+            last = next((line for line in reversed(defused.splitlines()) if line.strip()), "")
+            return Reward.failed(f"no test results in the test output: {last.strip()[:200]}")
         log = f"{START_TEST_OUTPUT}\n{defused}\n{END_TEST_OUTPUT}\n"
         prediction = {"instance_id": self.instance.instance_id,
                       "model_name_or_path": "agent", "model_patch": "(the agent's changes)"}
         with tempfile.NamedTemporaryFile("w", encoding="utf-8", suffix=".log") as handle:
             handle.write(log)
             handle.flush()
-            report = get_eval_report(_test_spec(self.instance, [], None), prediction,
-                                     handle.name, include_tests_status=True)
+            report = get_eval_report(spec, prediction, handle.name,
+                                     include_tests_status=True)
         verdict = report[self.instance.instance_id]
         if not verdict["patch_successfully_applied"]:
             return Reward.failed("the test output could not be graded")
