@@ -7,6 +7,7 @@ names the key, so a run never fails an hour in on a typo.
 from __future__ import annotations
 
 import copy
+import os
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,14 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from skyrl_agent.errors import ConfigError
+
+
+def cache_dir() -> Path:
+    """The project's cache: $SKYRL_AGENT_CACHE, else $XDG_CACHE_HOME/skyrl-agent, else ~/.cache."""
+    if explicit := os.environ.get("SKYRL_AGENT_CACHE"):
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "skyrl-agent"
 
 
 class _Section(BaseModel):

@@ -23,13 +23,19 @@ app = typer.Typer(no_args_is_help=True, help="Inspect and check Harbor-format ta
 def tasks_list(name: Annotated[str | None, typer.Argument(
         help="A task set or path; without it, the bundled sets.")] = None) -> None:
     """List bundled task sets, or the tasks of one set."""
+    from rich.markup import escape
     from rich.table import Table
 
+    from skyrl_agent.errors import UserError
     from skyrl_agent.tasks import bundled_sets, resolve_tasks
     if name is None:
         table = Table("set", "tasks")
         for set_name in bundled_sets():
-            table.add_row(set_name, str(len(resolve_tasks(set_name))))
+            try:  # a set that needs an extra (swe-mini: swebench) must not hide the others
+                count = str(len(resolve_tasks(set_name)))
+            except UserError as exc:
+                count = escape(f"- ({exc})")
+            table.add_row(set_name, count)
         console.print(table)
         return
     table = Table("task", "category", "agent timeout", "network")
@@ -70,7 +76,7 @@ def tasks_check(
     """Run oracle or nop on tasks in sandboxes and report each task's reward."""
     from skyrl_agent.collector.check import check_tasks
     from skyrl_agent.config import load_config
-    from skyrl_agent.sandboxes.base import sandbox_backend
+    from skyrl_agent.sandboxes.base import preflight, sandbox_backend
     from skyrl_agent.sandboxes.reaper import reap_leftovers
     from skyrl_agent.tasks import resolve_tasks
 
@@ -79,6 +85,7 @@ def tasks_check(
                                     *([f"sandbox.backend={sandbox}"] if sandbox else [])])
     sandbox_backend(settings.sandbox.backend)  # unknown backend: one line, before any work
     tasks = resolve_tasks(ref, settings.tasks.include, settings.tasks.limit)
+    preflight(tasks, settings.sandbox)
     reap_leftovers(settings.sandbox)
     rewards: list[float] = []
     errors = 0

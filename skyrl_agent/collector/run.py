@@ -172,7 +172,7 @@ class Rollout:
     from construction until close()."""
 
     def __init__(self, settings: RunConfig, n: int, output: Path) -> None:
-        from skyrl_agent.sandboxes.base import sandbox_backend
+        from skyrl_agent.sandboxes.base import preflight, sandbox_backend
         from skyrl_agent.sandboxes.reaper import reap_leftovers
         from skyrl_agent.tasks import resolve_tasks
 
@@ -183,6 +183,7 @@ class Rollout:
         sandbox_backend(settings.sandbox.backend)
         self.tasks: list[TaskSpec] = resolve_tasks(
             settings.tasks.source, settings.tasks.include, settings.tasks.limit)
+        preflight(self.tasks, settings.sandbox)
         self.run_dir.prepare(record_of(settings, n))
         self.store = TrajectoryStore(output, writable=True)
         reap_leftovers(settings.sandbox)

@@ -13,6 +13,7 @@ an engine error) or the agent's (its sandbox died under it, its artifacts pass t
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -204,7 +205,7 @@ def verifier_task(task: TaskSpec) -> TaskSpec:
     if environment is None:
         return task
     config = task.config.model_copy(update={"environment": environment})
-    return TaskSpec(task.name, task.task_dir, task.instruction, config)
+    return dataclasses.replace(task, config=config)
 
 
 def save_state(bundle: bytes, destination: Path) -> None:

@@ -12,6 +12,7 @@ the host without following links. Whatever goes wrong becomes reward 0 with a re
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import io
 import json
@@ -19,18 +20,20 @@ import math
 import posixpath
 import shlex
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 from harbor.models.task.config import ArtifactConfig, VerifierEnvironmentMode
 
 from skyrl_agent.config import VerifierConfig
 from skyrl_agent.sandboxes.artifacts import ArtifactLimitExceeded, ArtifactLimits, BundleWriter
 from skyrl_agent.sandboxes.base import Sandbox, SandboxError
-from skyrl_agent.tasks.model import TaskSpec
+from skyrl_agent.tasks.model import LogGrader, TaskSpec
 from skyrl_agent.types import Reward
 
 VERIFIER_DIR = "/logs/verifier"
 REWARD_FILE_LIMIT = 64 * 1024
+TEST_LOG_LIMIT = 32 * 1024 * 1024
 SEPARATE, SHARED = "separate", "shared"
 
 
@@ -165,6 +168,8 @@ async def _run_tests(sandbox: Sandbox, task: TaskSpec, fresh_home: bool,
     elapsed = lambda: time.monotonic() - started  # noqa: E731
     if run.timed_out:
         return Reward.failed(f"verifier timed out after {verifier.timeout_sec:g}s", elapsed())
+    if task.grader is not None:
+        return await _graded_from_log(sandbox, task.grader, elapsed)
     reward_json = await sandbox.read_file(f"{VERIFIER_DIR}/reward.json", REWARD_FILE_LIMIT)
     reward_txt = None if reward_json is not None else await sandbox.read_file(
         f"{VERIFIER_DIR}/reward.txt", REWARD_FILE_LIMIT)
@@ -180,3 +185,23 @@ async def _run_tests(sandbox: Sandbox, task: TaskSpec, fresh_home: bool,
         name = "reward.json" if reward_json is not None else "reward.txt"
         return Reward.failed(f"unreadable {name}: {exc}", elapsed())
     return Reward(value=value, components=components, verify_time_s=elapsed())
+
+
+async def _graded_from_log(sandbox: Sandbox, grader: LogGrader,
+                           elapsed: Callable[[], float]) -> Reward:
+    """The task's own grader over test.sh's output and its test command's, read by the host
+    once every process of the run is dead; reward files in the sandbox are ignored."""
+    try:
+        script_log = await sandbox.read_file(f"{VERIFIER_DIR}/test-stdout.txt", TEST_LOG_LIMIT)
+        test_output = await sandbox.read_file(grader.test_output, TEST_LOG_LIMIT)
+    except ArtifactLimitExceeded:
+        return Reward.failed(f"test output over {TEST_LOG_LIMIT // (1024 * 1024)} MB", elapsed())
+    if script_log is None:
+        return Reward.failed("no output from test.sh", elapsed())
+    texts = (script_log.decode(errors="replace"),
+             None if test_output is None else test_output.decode(errors="replace"))
+    try:
+        reward = await asyncio.to_thread(grader.grade, *texts)
+    except Exception as exc:  # noqa: BLE001 - a grader's defect must not end the run
+        return Reward.failed(f"grading the test output failed: {exc}", elapsed())
+    return replace(reward, verify_time_s=elapsed())

@@ -290,11 +290,17 @@ def collect_tar_stream(chunks: Iterable[bytes], remote: str, writer: BundleWrite
     top = sandbox_relative(remote)
     stream = io.BufferedReader(BoundedStream(chunks, writer.limits.max_bytes * 2 + _CHUNK))
     links: list[str] = []
+    skipped: list[str] = []
     seen: set[str] = set()
     with tarfile.open(fileobj=stream, mode="r|") as archive:
         for member in archive:
             name = checked_member_name(member.name, top)
-            if name is None or name in seen or writer.excluded(name):
+            if name is None or name in seen:
+                continue
+            if any(name.startswith(folder + "/") for folder in skipped):
+                continue  # an excluded folder goes with everything in it
+            if writer.excluded(name):
+                skipped.append(name)
                 continue
             if any(name.startswith(link + "/") for link in links):
                 continue  # listed "through" a link: never a path of the sandbox's own

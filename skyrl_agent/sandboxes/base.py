@@ -14,7 +14,7 @@ import hashlib
 import os
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -149,6 +149,12 @@ class Sandbox(ABC):
         self.config = config or SandboxConfig()
         self._started_at: float | None = None
 
+    @classmethod
+    def preflight(cls, specs: Sequence[SandboxSpec], config: SandboxConfig) -> None:
+        """Before any work: raise UnsupportedEnvironment (one line for the user) when this
+        backend cannot start sandboxes of these specs at all. Default: nothing to check."""
+        return None  # a backend that can always start what it is given
+
     @abstractmethod
     async def start(self) -> None:
         """Create the sandbox from its spec; raise SandboxError or UnsupportedEnvironment."""
@@ -223,6 +229,12 @@ def sandbox_backend(name: str) -> type[Sandbox]:
     backend: type[Sandbox] = plugins.load(plugins.SANDBOXES, name.partition(":")[0])
     backend.check_backend_name(name)
     return backend
+
+
+def preflight(tasks: Sequence[TaskSpec], config: SandboxConfig) -> None:
+    """The configured backend's check that it can run these tasks (before a run starts)."""
+    specs = [SandboxSpec.from_task(task, config) for task in tasks]
+    sandbox_backend(config.backend).preflight(specs, config)
 
 
 def create_sandbox(spec: SandboxSpec, config: SandboxConfig) -> Sandbox:

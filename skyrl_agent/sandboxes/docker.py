@@ -25,10 +25,11 @@ import tarfile
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
+from skyrl_agent.config import SandboxConfig
 from skyrl_agent.sandboxes.artifacts import (
     BundleWriter,
     collect_tar_stream,
@@ -40,6 +41,7 @@ from skyrl_agent.sandboxes.base import (
     Sandbox,
     SandboxDied,
     SandboxError,
+    SandboxSpec,
     UnsupportedEnvironment,
 )
 from skyrl_agent.sandboxes.exec_server import HeadTail
@@ -71,6 +73,11 @@ KILL_ALL = ('for ((round = 0; round < 200; round++)); do kill -9 -1 2>/dev/null;
             '[ "$left" = 0 ] && exit 0; sleep 0.01; done; echo "$left left"; exit 1')
 
 
+def _task_tag(spec: SandboxSpec) -> str:
+    """The image built from a spec's Dockerfile, named by the content of its environment."""
+    return f"{IMAGE_REPO}:{spec.environment_key()[:16]}"
+
+
 def docker_client() -> DockerClient:
     """A client for the local engine; a clear error when none is running."""
     import docker
@@ -95,6 +102,12 @@ class DockerSandbox(Sandbox):
         self.container: Container | None = None
         self._watchdog: asyncio.Task | None = None
         self._dead_reason: str | None = None
+
+    @classmethod
+    def preflight(cls, specs: Sequence[SandboxSpec], config: SandboxConfig) -> None:
+        """The engine answers and has (or can pull) every image the tasks build on."""
+        from skyrl_agent.sandboxes.docker_images import check_images
+        check_images(docker_client(), specs, config, _task_tag)
 
     @property
     def client(self) -> DockerClient:
@@ -147,7 +160,7 @@ class DockerSandbox(Sandbox):
             if not self.spec.docker_image:
                 raise UnsupportedEnvironment(f"task {self.spec.name} has no Dockerfile or image")
             return await asyncio.to_thread(self._mapped_base, self.spec.docker_image)
-        tag = f"{IMAGE_REPO}:{self.spec.environment_key()[:16]}"
+        tag = _task_tag(self.spec)
         lock = _build_locks.setdefault((id(asyncio.get_running_loop()), tag), asyncio.Lock())
         async with lock:
             if not await asyncio.to_thread(self._has_image, tag):

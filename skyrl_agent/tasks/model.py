@@ -5,14 +5,31 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from harbor.models.task.config import NetworkMode, TaskConfig
 from harbor.models.task.task import Task
 from pydantic import ValidationError
 
 from skyrl_agent.errors import TaskError
+from skyrl_agent.types import Reward
 
 DEFAULT_AGENT_TIMEOUT_S = 600.0
+
+
+class LogGrader(Protocol):
+    """Grades a task on the host from its test output, instead of a reward file the tests
+    write (SWE-bench-format tasks: swebench's log parsers decide resolved)."""
+
+    @property
+    def test_output(self) -> str:
+        """Absolute sandbox path of the file test.sh's test command writes."""
+        ...
+
+    def grade(self, script_log: str, test_output: str | None) -> Reward:
+        """The reward from test.sh's own output and the test command's (None when that file
+        is missing), both read by the host after every process of the run ended."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -27,6 +44,9 @@ class TaskSpec:
     """instruction.md, given to the agent verbatim (canary lines stripped)."""
     config: TaskConfig
     """harbor's parsed task.toml."""
+    grader: LogGrader | None = None
+    """When set, the reward comes from grading test.sh's output on the host, and reward files
+    are ignored."""
 
     @property
     def environment_dir(self) -> Path:

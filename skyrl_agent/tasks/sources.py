@@ -1,8 +1,9 @@
 """Task sources: where task directories come from.
 
-`path` (a task dir or a dir of them) and `bundled` (a set under the top-level `tasks/` folder) are
-built in; more sources (SWE-bench, ...) register under the entry-point group
-`skyrl_agent.task_sources` and are addressed as `NAME:ARG`.
+`path` (a task dir or a dir of them), `bundled` (a set under the top-level `tasks/` folder) and
+`swe` (SWE-bench-format instances: tasks/swe/) are built in; more sources register under the
+entry-point group `skyrl_agent.task_sources` and are addressed as `NAME:ARG`. A file of
+instances (.jsonl, .parquet, .json) or a dataset name (swe-bench, swe-gym, ...) needs no prefix.
 """
 
 from __future__ import annotations
@@ -53,10 +54,20 @@ class PathSource(TaskSource):
         root = Path(ref)
         if not root.is_dir():
             raise TaskError(f"task path not found: {ref}")
+        from skyrl_agent.tasks.swe.source import INSTANCES_FILE, SweSource
+        if (root / INSTANCES_FILE).is_file():  # a folder of SWE-bench-format instances
+            return SweSource(label=root.resolve().name).load(str(root / INSTANCES_FILE))
         dirs = _task_dirs(root)
         if not dirs:
             raise TaskError(f"no Harbor tasks (task.toml) under {ref}")
         return [load_task(d) for d in dirs]
+
+
+def _swe_set(name: str) -> Path | None:
+    """The instance file of a bundled set in SWE-bench format, None for a Harbor set."""
+    from skyrl_agent.tasks.swe.source import INSTANCES_FILE
+    path = bundled_root() / name / INSTANCES_FILE
+    return path if path.is_file() else None
 
 
 class BundledSource(TaskSource):
@@ -69,9 +80,13 @@ class BundledSource(TaskSource):
 
 
 def _source_for(ref: str) -> tuple[TaskSource, str]:
+    from skyrl_agent.tasks.swe.instance import DATASETS
+    from skyrl_agent.tasks.swe.source import SweSource, is_instance_file
     prefix, sep, rest = ref.partition(":")
     if sep and prefix in plugins.available(plugins.TASK_SOURCES) and not Path(ref).exists():
         return plugins.load(plugins.TASK_SOURCES, prefix)(), rest
+    if is_instance_file(ref) or ref in DATASETS:
+        return SweSource(), ref
     if Path(ref).exists():
         return PathSource(), ref
     if ref in bundled_sets():
@@ -79,7 +94,7 @@ def _source_for(ref: str) -> tuple[TaskSource, str]:
     sources = ", ".join(plugins.available(plugins.TASK_SOURCES))
     raise TaskError(
         f"unknown task set or path {ref!r} (bundled sets: {', '.join(bundled_sets())}; "
-        f"sources: {sources})"
+        f"datasets: {', '.join(DATASETS)}; sources: {sources})"
     )
 
 
@@ -105,6 +120,8 @@ def find_task(name: str) -> TaskSpec:
         if (candidate / "task.toml").is_file():
             return load_task(candidate)
     for set_name in bundled_sets():
+        if _swe_set(set_name) is not None and not name.startswith(f"{set_name}/"):
+            continue  # materializing a SWE set needs swebench: only for its own task names
         for task in BundledSource().load(set_name):
             if task.name == name:
                 return task

@@ -56,7 +56,7 @@ class TrainJob:
     def __init__(self, config: RunConfig, output: Path, resume: bool = False,
                  placement: Placement | None = None) -> None:
         from skyrl_agent.inference.models import resolve_model
-        from skyrl_agent.sandboxes.base import sandbox_backend
+        from skyrl_agent.sandboxes.base import preflight, sandbox_backend
         from skyrl_agent.tasks import resolve_tasks
 
         check_trainable(config)
@@ -72,6 +72,7 @@ class TrainJob:
         self.model_folder = resolve_model(config.inference.model)
         self.tasks: list[TaskSpec] = resolve_tasks(
             config.tasks.source, config.tasks.include, config.tasks.limit)
+        preflight(self.tasks, config.sandbox)
         self.checkpoints = Checkpoints(output)
         self.resume = resume
         self.placement: Placement = placement or local_workers

@@ -1,0 +1,192 @@
+"""One SWE-bench-format instance as a Harbor task directory in the project cache.
+
+Written once per instance content (a content hash names the folder), so every command runs it
+through the one episode lifecycle unchanged: `tasks check`, `rollout`, `train`, `eval --regrade`.
+
+    task.toml                 separate-mode verification; the only artifact is the agent's patch
+    instruction.md            the problem statement
+    environment/Dockerfile    /testbed at base_commit, history past it removed (prepare_testbed.sh):
+                              FROM the instance's SWE-bench image, or, for a repo that ships as a
+                              git fast-import stream (swe-mini), FROM the local base image
+    tests/test.sh             apply the agent's patch (not its test files) to the pristine
+                              /testbed, then swebench's eval script; the host grades the log
+    solution/solve.sh         apply the gold patch
+
+Why the patch and not /testbed: the verifier starts from the pristine image and takes only the
+agent's `git diff` (made by `[[verifier.collect]]` after its processes are dead), the way
+SWE-bench grades a model patch. A repo's tree with its build outputs can pass the artifact
+limits, and the agent's `.git` (hooks, config) never reaches the verifier.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import tempfile
+from pathlib import Path
+
+from skyrl_agent.config import cache_dir
+from skyrl_agent.tasks.model import TaskSpec, load_task
+from skyrl_agent.tasks.swe.harness import (
+    SweGrader,
+    ensure_spec,
+    eval_lines,
+    image_name,
+    test_patch_files,
+)
+from skyrl_agent.tasks.swe.instance import SweInstance
+
+LOCAL_BASE_IMAGE = "skyrl-agent/base:bookworm"
+"""What a repo shipped as a stream is built on (python3, pytest and git; scripts/)."""
+MODEL_PATCH = "/skyrl/swe/model.patch"
+"""Where the agent's changes are written after it stops; the task's only artifact."""
+PREPARE = Path(__file__).with_name("prepare_testbed.sh")
+PROTECTED = ("conftest.py", "*/conftest.py", "pytest.ini", "*/pytest.ini", "tox.ini",
+             "*/tox.ini", "tests/*", "*/tests/*", "test_*.py", "*/test_*.py", "*_test.py",
+             "tests.py", "*/tests.py")
+"""Paths whose changes in the agent's patch are dropped (git apply --exclude patterns, where
+`*` crosses folders): test files and pytest configuration."""
+COLLECT = (f"rm -rf {MODEL_PATCH} && mkdir -p {os.path.dirname(MODEL_PATCH)} && cd /testbed && "
+           "git -c core.fsmonitor=false -c core.hooksPath=/dev/null add -A . && "
+           "git -c core.fsmonitor=false diff --cached --binary "
+           f"\"$(cat /skyrl/swe/head 2>/dev/null || echo HEAD)\" > {MODEL_PATCH}")
+"""Run in the agent's sandbox after its processes are killed: its changes as one patch."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Origin:
+    """Where an instance's repository comes from."""
+
+    repo_stream: Path | None
+    """A git fast-import stream of the repo (built on the local base image), or None: the
+    instance's own SWE-bench image."""
+    image_namespace: str = "swebench"
+    """Registry namespace of the instance images (when repo_stream is None)."""
+
+
+def _toml(value: object) -> str:
+    # JSON strings, numbers and lists are valid TOML values.
+    return json.dumps(value)
+
+
+def task_toml(instance: SweInstance, name: str, local: bool) -> str:
+    agent_s, verifier_s, memory = (600, 180, 1024) if local else (1800, 1800, 4096)
+    metadata = {"category": "swe", "repo": instance.repo, "instance_id": instance.instance_id,
+                "base_commit": instance.base_commit, "version": instance.version}
+    return "\n".join([
+        'schema_version = "1.4"', f"artifacts = {_toml([MODEL_PATCH])}", "",
+        "[task]", f"name = {_toml(name)}",
+        f"description = {_toml(f'Resolve issue {instance.instance_id} of {instance.repo}.')}", "",
+        "[metadata]", *(f"{key} = {_toml(value)}" for key, value in metadata.items()), "",
+        "[agent]", f"timeout_sec = {agent_s}", "",
+        "[verifier]", f"timeout_sec = {verifier_s}", 'environment_mode = "separate"', "",
+        "[[verifier.collect]]", f"command = {_toml(COLLECT)}", "timeout_sec = 300", "",
+        "[environment]", 'workdir = "/testbed"', "cpus = 1", f"memory_mb = {memory}",
+        'network_mode = "no-network"', ""])
+
+
+def instruction(instance: SweInstance) -> str:
+    return ("The repository is checked out in /testbed. Resolve the issue below by changing "
+            "its source code; tests that check the fix are run afterwards.\n\n"
+            f"{instance.problem_statement.strip()}\n")
+
+
+def dockerfile(instance: SweInstance, origin: Origin) -> str:
+    if origin.repo_stream is not None:
+        return "\n".join([
+            f"FROM {LOCAL_BASE_IMAGE}", "COPY repo.fi prepare_testbed.sh /skyrl/swe/",
+            f"RUN bash /skyrl/swe/prepare_testbed.sh --import /skyrl/swe/repo.fi "
+            f"{instance.base_commit}", "WORKDIR /testbed", ""])
+    return "\n".join([
+        f"FROM {image_name(instance, origin.image_namespace)}",
+        "COPY prepare_testbed.sh /skyrl/swe/", "RUN bash /skyrl/swe/prepare_testbed.sh",
+        "WORKDIR /testbed", ""])
+
+
+def test_sh(instance: SweInstance, local: bool) -> str:
+    from swebench.harness.constants import APPLY_PATCH_FAIL, APPLY_PATCH_PASS
+
+    excludes = " ".join(f"--exclude={shlex.quote(p)}"
+                        for p in (*test_patch_files(instance), *PROTECTED))
+    return "\n".join([
+        "#!/bin/bash",
+        f"# Verification of {instance.instance_id} (generated by skyrl-agent). It runs in a fresh",
+        "# sandbox of the pristine image; the agent's work arrives only as its patch. Changes to",
+        "# test files and pytest configuration are not applied; the tests come from the test",
+        "# patch in swebench's eval script below. The host grades this script's output.",
+        "cd /testbed",
+        f"patch={MODEL_PATCH}",
+        'if [ -f "$patch" ] && [ ! -L "$patch" ] && [ -s "$patch" ]; then',
+        f'  if git apply -v --binary --whitespace=nowarn {excludes} "$patch"; then',
+        f"    echo '{APPLY_PATCH_PASS}'",
+        "  else",
+        f"    echo '{APPLY_PATCH_FAIL}'; exit 0",
+        "  fi",
+        "else",
+        "  echo 'no changes from the agent'",
+        "fi",
+        'rm -f "$patch"',
+        "set -uxo pipefail",
+        *eval_lines(instance, conda=not local), ""])
+
+
+def solve_sh() -> str:
+    return ("#!/bin/bash\n# The gold patch of the instance.\nset -euo pipefail\ncd /testbed\n"
+            "git apply -v --binary /solution/gold.patch\n")
+
+
+def task_files(instance: SweInstance, name: str, origin: Origin) -> dict[str, bytes]:
+    """Every file of the instance's task folder, by relative path."""
+    local = origin.repo_stream is not None
+    files = {
+        "task.toml": task_toml(instance, name, local),
+        "instruction.md": instruction(instance),
+        "environment/Dockerfile": dockerfile(instance, origin),
+        "tests/test.sh": test_sh(instance, local),
+        "solution/solve.sh": solve_sh(),
+        "solution/gold.patch": instance.patch,
+    }
+    out = {path: text.encode() for path, text in files.items()}
+    out["environment/prepare_testbed.sh"] = PREPARE.read_bytes()
+    if origin.repo_stream is not None:
+        out["environment/repo.fi"] = origin.repo_stream.read_bytes()
+    return out
+
+
+def _digest(files: dict[str, bytes]) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(files):
+        digest.update(path.encode() + b"\0" + hashlib.sha256(files[path]).digest())
+    return digest.hexdigest()[:24]
+
+
+def _write(root: Path, files: dict[str, bytes]) -> None:
+    for relative, data in files.items():
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+
+
+def materialize(instance: SweInstance, name: str, origin: Origin) -> TaskSpec:
+    """The instance's task (written to the cache unless it is there), graded by swebench."""
+    local = origin.repo_stream is not None
+    ensure_spec(instance.repo, instance.version, known_local=local)
+    files = task_files(instance, name, origin)
+    cache = cache_dir() / "swe-tasks"
+    folder = cache / _digest(files)  # named by content: a changed instance gets a new folder
+    if not (folder / "task.toml").is_file():
+        cache.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(prefix=".writing-", dir=cache))
+        try:
+            _write(scratch, files)
+            os.replace(scratch, folder)
+        except OSError:
+            if not (folder / "task.toml").is_file():  # not a concurrent writer's win
+                raise
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return dataclasses.replace(load_task(folder), grader=SweGrader(instance, local))
