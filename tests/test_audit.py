@@ -55,6 +55,17 @@ def test_no_demo_task_can_be_gamed():
     assert status == 0
 
 
+@pytest.mark.docker
+def test_no_swe_mini_task_can_be_gamed():
+    """Two of the six (one per bug kind of two repos) in CI; the whole set is run by hand."""
+    status, rows = _audit("swe-mini", "--sandbox", "docker", "-j", "3",
+                          "--set", "tasks.include=[textkit-1,durations-2]")
+    assert len(rows) == 2
+    assert all(row["gameable_by"] == [] and set(row["attacks"]) == set(ATTACKS)
+               for row in rows.values()), rows
+    assert status == 0
+
+
 def test_weak_tasks_are_reported(tmp_path):
     make_task(tmp_path, "in-process", IN_PROCESS, solve_sh="true\n", dockerfile=COPY_APP,
               files={"app/lib.py": "def double(x):\n    return x + 2\n"})  # buggy
