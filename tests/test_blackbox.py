@@ -64,7 +64,10 @@ async def rollouts(agent, tasks, url, tokenizer, settings: SessionConfig,
                 for name in tasks]
 
 
-async def scripted(agent, task, script, tokenizer, settings=SessionConfig(max_tokens=200)):
+SCRIPTED = SessionConfig(max_tokens=200)
+
+
+async def scripted(agent, task, script, tokenizer, settings=SCRIPTED):
     async with ScriptedServer(tokenizer, script) as server:
         (trajectory,) = await rollouts(agent, [task], server.url, tokenizer, settings)
     return trajectory, [tokenizer.decode(p) for p in server.prompts]

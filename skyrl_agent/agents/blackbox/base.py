@@ -62,8 +62,8 @@ class BlackBoxAgent(Agent):
             handle = proxy.open(llm)
             try:
                 finish = await self.drive(env, handle)
-            except Exception as exc:
-                finish = self._failed(handle, exc)  # re-raises what the budgets do not explain
+            except Exception as exc:  # noqa: BLE001 - sorted out in _failed, re-raised there
+                finish = self._failed(handle, exc)
             finally:
                 proxy.close(handle)  # a thread still running gets 401s from now on
         stats = handle.session.stats

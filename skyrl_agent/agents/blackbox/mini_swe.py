@@ -64,8 +64,8 @@ def _model_class() -> type:
     class CapturedLitellmModel(LitellmModel):
         # The proxy is local and answers at once: an error will not go away by waiting (its
         # default retries back off for minutes).
-        abort_exceptions = [*LitellmModel.abort_exceptions, openai.APIError,
-                            litellm.exceptions.APIError]
+        abort_exceptions = [  # noqa: RUF012 - the base class's own attribute, extended
+            *LitellmModel.abort_exceptions, openai.APIError, litellm.exceptions.APIError]
 
     return CapturedLitellmModel
 
