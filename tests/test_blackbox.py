@@ -9,6 +9,8 @@ A random model rarely acts usefully, so the embedded runs check the pipeline, no
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from transformers import AutoTokenizer
 
@@ -28,7 +30,11 @@ HELLO = "printf 'Hello from the terminal!\\n' > /app/greeting.txt"
 
 @pytest.fixture(scope="module")
 def long_tiny_model_dir(smollm2_dir, tmp_path_factory):
-    """conftest's tiny random Llama with an 8k context: the agents' own prompts are long."""
+    """A tiny random Llama like conftest's, with an 8k context (the agents' own prompts are
+    long) and a turn end that is sampled about a third of the time, so its replies are a few
+    tokens and finish with `stop` (a model that never ends its turns only exercises the
+    agents' truncation paths). Hidden dimension 0 carries a constant through the residual
+    stream, and only the end-of-turn row of the output head reads it."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -37,9 +43,14 @@ def long_tiny_model_dir(smollm2_dir, tmp_path_factory):
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                          max_position_embeddings=8192, eos_token_id=tokenizer.eos_token_id,
-                         bos_token_id=tokenizer.bos_token_id, tie_word_embeddings=True)
+                         bos_token_id=tokenizer.bos_token_id, tie_word_embeddings=False)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        model.model.embed_tokens.weight[:, 0] = 1.0
+        model.lm_head.weight[:, 0] = 0.0
+        model.lm_head.weight[tokenizer.eos_token_id, 0] = 1.3
     folder = tmp_path_factory.mktemp("tiny-llama-8k")
-    LlamaForCausalLM(config).save_pretrained(folder)
+    model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
 
@@ -118,3 +129,44 @@ async def test_mini_swe_agent_runs_demo_tasks_on_the_embedded_model(server_url, 
     trajectories = await embedded(MiniSweAgent(max_turns=3), ["demo/hello-file", "demo/word-count"],
                                   server_url, tokenizer, settings)
     assert all(t.agent == "mini-swe-agent" for t in trajectories)
+
+
+# ---- Harbor's terminus-2 ------------------------------------------------------------------
+
+def terminus(keystrokes: str = "", complete: bool = False) -> str:
+    commands = [{"keystrokes": keystrokes, "duration": 0.3}] if keystrokes else []
+    return json.dumps({"analysis": "looking", "plan": "act", "commands": commands,
+                       "task_complete": complete})
+
+
+async def test_harbor_terminus_2_solves_a_task_in_our_sandbox(tokenizer):
+    from skyrl_agent.agents.blackbox.terminus2 import HarborTerminus2Agent
+
+    script = replies(terminus(HELLO + "\n"), terminus(complete=True), terminus(complete=True))
+    trajectory, prompts = await scripted(HarborTerminus2Agent(max_turns=6), "demo/hello-file",
+                                         script, tokenizer)
+    assert trajectory.reward.value == 1.0, trajectory.reward
+    (segment,) = trajectory.segments
+    assert len(segment.turns) == 3 and segment.is_token_consistent()
+    assert "Hello from the terminal!" in prompts[1]  # the pane, read from our sandbox's tmux
+
+
+async def test_harbor_terminus_2_runs_demo_tasks_on_the_embedded_model(server_url, tokenizer):
+    from skyrl_agent.agents.blackbox.terminus2 import HarborTerminus2Agent
+
+    settings = SessionConfig(max_tokens=24, max_context_tokens=8192)
+    await embedded(HarborTerminus2Agent(max_turns=3), ["demo/hello-file", "demo/word-count"],
+                   server_url, tokenizer, settings)
+
+
+async def test_harbor_terminus_2_compaction_becomes_new_segments(server_url, tokenizer):
+    """On a small context Terminus-2 summarizes (summary, questions, answers, handoff); each
+    rewrite is a new segment, counted, and every segment stays token-exact."""
+    from skyrl_agent.agents.blackbox.terminus2 import HarborTerminus2Agent
+
+    settings = SessionConfig(max_tokens=32, max_context_tokens=2500)
+    agent = HarborTerminus2Agent(max_turns=6, summarize_free_tokens=1700)
+    (trajectory,) = await embedded(agent, ["demo/hello-file"], server_url, tokenizer, settings)
+    assert trajectory.metrics["summarizations"] >= 1
+    assert len(trajectory.segments) >= 2
+    assert trajectory.metrics["segment_breaks"] == len(trajectory.segments) - 1 >= 1
