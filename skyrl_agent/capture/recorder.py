@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,11 +37,6 @@ class CaptureStats:
     """Calls that opened a new segment after the first (history rewrites)."""
     prefix_reused: int = 0
     """Of those, the ones that kept an earlier turn's ids as their prefix."""
-    retokenized_mismatch: int = 0
-    """Tokens, over all calls, in which a re-rendering of the conversation's text differs from
-    the ids recorded: what a re-tokenizing gateway would have trained on instead."""
-    retokenized_calls: int = 0
-    """Calls whose re-rendering differs at all."""
     context_overflows: int = 0
     budget_spent: bool = False
     """A call was refused because the trajectory's max_sampled_tokens is spent."""
@@ -49,9 +44,22 @@ class CaptureStats:
     def metrics(self) -> dict[str, float]:
         return {"capture_calls": self.calls, "segment_breaks": self.segment_breaks,
                 "segment_prefix_reused": self.prefix_reused,
-                "retokenized_mismatch_tokens": self.retokenized_mismatch,
-                "retokenized_mismatch_calls": self.retokenized_calls,
                 "context_overflows": self.context_overflows}
+
+
+@dataclass
+class _Rerender:
+    """A segment's recorded sequence beside a from-scratch rendering of its text, measured
+    when asked (once per segment, not per call: it costs a full render and a diff)."""
+
+    recorded: list[int]
+    rerender: Callable[[], list[int]]
+    _differing: int | None = None
+
+    def differing(self) -> int:
+        if self._differing is None:
+            self._differing = differing_tokens(self.recorded, self.rerender())
+        return self._differing
 
 
 @dataclass(frozen=True)
@@ -87,6 +95,7 @@ class _Branch:
     keys: list[Key]
     """The conversation's messages, replies included."""
     marks: list[_Mark] = field(default_factory=list)
+    measure: _Rerender | None = None
 
 
 @dataclass(frozen=True)
@@ -170,8 +179,11 @@ class CaptureSession:
             content, calls = tool_format.split_reply(completion.text, request.tools or [])
         reply = ChatMessage("assistant", content, calls)
         self._raw[reply.key()] = completion.text
-        self._record(match, joins, index, keys, reply.key(), tools_key, prompt, completion)
-        self._measure(renderer, [*messages, reply], request.tools, prompt, completion)
+        branch = self._record(match, joins, index, keys, reply.key(), tools_key, prompt,
+                              completion)
+        forms = self.templates.form([*messages, reply], request.tools)
+        branch.measure = _Rerender([*prompt, *completion.token_ids],
+                                   lambda: renderer.full(forms))
         return Captured(completion, tuple(prompt), content, calls)
 
     def _find(self, keys: list[Key], tools: str) -> _Match | None:
@@ -218,24 +230,30 @@ class CaptureSession:
             raise
 
     def _record(self, match: _Match | None, joins: bool, index: int, keys: list[Key], reply: Key,
-                tools: str, prompt: list[int], completion: Completion) -> None:
+                tools: str, prompt: list[int], completion: Completion) -> _Branch:
         mark = _Mark(len(keys), tuple(prompt), completion.token_ids)
         if joins and match is not None:
             match.branch.keys = [*keys, reply]
             match.branch.marks.append(mark)
-            return
+            return match.branch
         if self._branches or self._text_branches:
             self.stats.segment_breaks += 1
             self.stats.prefix_reused += match is not None
         self._branches.append(_Branch(index, tools, [*keys, reply], [mark]))
+        return self._branches[-1]
 
-    def _measure(self, renderer: ChatRenderer, conversation: Sequence[ChatMessage],
-                 tools: list[dict[str, Any]] | None, prompt: list[int],
-                 completion: Completion) -> None:
-        rerendered = renderer.full(self.templates.form(conversation, tools))
-        differing = differing_tokens([*prompt, *completion.token_ids], rerendered)
-        self.stats.retokenized_mismatch += differing
-        self.stats.retokenized_calls += differing > 0
+    def retokenization(self) -> tuple[int, int]:
+        """What a re-tokenizing gateway would have trained on instead: over every segment's
+        sequence as recorded, the tokens in which a from-scratch rendering of its text (the
+        conversation through its last reply) differs, and how many segments differ at all."""
+        measures = [b.measure for b in self._branches] + [b.measure for b in self._text_branches]
+        differing = [m.differing() for m in measures if m is not None]
+        return sum(differing), sum(d > 0 for d in differing)
+
+    def metrics(self) -> dict[str, float]:
+        tokens, segments = self.retokenization()
+        return {**self.stats.metrics(), "retokenized_mismatch_tokens": tokens,
+                "retokenized_mismatch_segments": segments}
 
     # ---- text completions -----------------------------------------------------------------
 
@@ -258,16 +276,16 @@ class CaptureSession:
                                                request.stop_strings)
         turn = _TextTurn(text, tuple(prompt), completion.text, completion.token_ids)
         if joins and found is not None:
-            found[0].turns.append(turn)
+            branch = found[0]
+            branch.turns.append(turn)
         else:
             if self._branches or self._text_branches:
                 self.stats.segment_breaks += 1
                 self.stats.prefix_reused += found is not None
-            self._text_branches.append(_TextBranch(index, [turn]))
-        rerendered = list(encode(text + completion.text))
-        differing = differing_tokens([*prompt, *completion.token_ids], rerendered)
-        self.stats.retokenized_mismatch += differing
-        self.stats.retokenized_calls += differing > 0
+            branch = _TextBranch(index, [turn])
+            self._text_branches.append(branch)
+        full = text + completion.text
+        branch.measure = _Rerender([*prompt, *completion.token_ids], lambda: list(encode(full)))
         return Captured(completion, tuple(prompt), completion.text)
 
 
@@ -283,6 +301,7 @@ class _TextTurn:
 class _TextBranch:
     segment: int
     turns: list[_TextTurn]
+    measure: _Rerender | None = None
 
 
 def _find_text(branches: list[_TextBranch],

@@ -71,7 +71,7 @@ class BlackBoxAgent(Agent):
             raise handle.session.server_error
         if stats.budget_spent:
             finish = FinishReason.TOKEN_BUDGET
-        return AgentResult(finish, {**stats.metrics(), **self.counts})
+        return AgentResult(finish, {**handle.session.metrics(), **self.counts})
 
     def _failed(self, handle: CaptureHandle, exc: Exception) -> FinishReason:
         """Why an external agent that raised ended, when the proxy's refusals explain it."""
