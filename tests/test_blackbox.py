@@ -170,3 +170,32 @@ async def test_harbor_terminus_2_compaction_becomes_new_segments(server_url, tok
     assert trajectory.metrics["summarizations"] >= 1
     assert len(trajectory.segments) >= 2
     assert trajectory.metrics["segment_breaks"] == len(trajectory.segments) - 1 >= 1
+
+
+# ---- the OpenHands SDK agent --------------------------------------------------------------
+
+def terminal(command: str) -> str:
+    return (f"Running it.\n<function=sandbox_terminal>\n<parameter=command>{command}"
+            "</parameter>\n</function>")
+
+
+async def test_openhands_sdk_agent_solves_a_task_in_our_sandbox(tokenizer):
+    from skyrl_agent.agents.blackbox.openhands_sdk import OpenHandsSdkAgent
+
+    finish = "<function=finish>\n<parameter=message>done</parameter>\n</function>"
+    script = replies(terminal(HELLO), terminal("cat /app/greeting.txt"), finish)
+    trajectory, prompts = await scripted(OpenHandsSdkAgent(max_turns=6), "demo/hello-file",
+                                         script, tokenizer)
+    assert trajectory.reward.value == 1.0, trajectory
+    assert trajectory.finish_reason == FinishReason.STOP
+    (segment,) = trajectory.segments
+    assert len(segment.turns) == 3 and segment.is_token_consistent()
+    assert "Hello from the terminal!" in prompts[2].rsplit("<|im_start|>assistant", 2)[-2]
+
+
+async def test_openhands_sdk_agent_runs_demo_tasks_on_the_embedded_model(server_url, tokenizer):
+    from skyrl_agent.agents.blackbox.openhands_sdk import OpenHandsSdkAgent
+
+    settings = SessionConfig(max_tokens=24, max_context_tokens=8192)
+    await embedded(OpenHandsSdkAgent(max_turns=3), ["demo/hello-file", "demo/word-count"],
+                   server_url, tokenizer, settings)
