@@ -50,7 +50,7 @@ class OpenHandsSdkAgent(BlackBoxAgent):
         agent = Agent(llm=llm, tools=[Tool(name=_tool_name(), params={"executor": key})])
         try:
             with scratch_dir() as scratch:
-                conversation = Conversation(
+                conversation: Any = Conversation(  # its decorators confuse mypy
                     agent=agent, workspace=str(Path(scratch)), visualizer=None,
                     max_iteration_per_run=self.max_turns, stuck_detection=False)
 
