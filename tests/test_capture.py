@@ -234,3 +234,18 @@ async def test_a_prompt_past_the_context_is_an_openai_context_error(tokenizer, m
             await litellm.acompletion(model="openai/m", api_base=handle.base_url,
                                       api_key="unused", messages=messages, num_retries=0)
     assert handle.session.stats.context_overflows == 1 and not llm.segments
+
+
+def test_a_black_box_agent_without_its_package_is_one_error_line(tmp_path):
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['minisweagent'] = None\n"
+            "from skyrl_agent.cli import main; main()")
+    result = subprocess.run([sys.executable, "-c", code, "rollout", "--agent", "mini-swe-agent",
+                             "--output", str(tmp_path / "run")],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.stderr.startswith("error: the mini-swe-agent agent needs the minisweagent")
+    assert "`agents` extra" in result.stderr and len(result.stderr.splitlines()) == 1
+    assert not (tmp_path / "run").exists()

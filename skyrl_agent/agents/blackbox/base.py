@@ -14,7 +14,7 @@ import asyncio
 import importlib.util
 from abc import abstractmethod
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 from skyrl_agent.agents.base import Agent, AgentResult
 from skyrl_agent.capture import CaptureHandle, CaptureProxy
@@ -37,21 +37,24 @@ class AgentStopped(RuntimeError):
 
 
 def require(module: str, agent: str) -> None:
-    """One clear line naming the extra when an agent's package is not installed."""
-    if importlib.util.find_spec(module.split(".")[0]) is None:
-        raise UserError(f"the {agent} agent needs the {module.split('.')[0]} package: "
-                        f"pip install 'skyrl-agent[{EXTRA}]'")
+    """One clear line naming the extra when an agent's package is not installed (called when
+    the agent's module is loaded, so a run fails before anything starts)."""
+    top = module.split(".")[0]
+    try:
+        found = importlib.util.find_spec(top) is not None
+    except ValueError:  # in sys.modules as None: blocked
+        found = False
+    if not found:
+        # No brackets in the words: the CLI prints errors as rich markup.
+        raise UserError(f"the {agent} agent needs the {top} package, which is not installed; "
+                        f"it comes with the `{EXTRA}` extra of skyrl-agent")
 
 
 class BlackBoxAgent(Agent):
     """An external agent against a capture proxy; subclasses implement `drive`."""
 
-    module: ClassVar[str]
-    """The package the agent comes from (checked when the agent is made)."""
-
     def __init__(self, max_turns: int = 50) -> None:
         super().__init__(max_turns)
-        require(self.module, self.name)
         self.counts: dict[str, float] = {}
 
     async def run(self, env: Env, llm: LLMSession | None) -> AgentResult:

@@ -8,10 +8,12 @@ import os
 import platform
 from typing import Any
 
-from skyrl_agent.agents.blackbox.base import MODEL_NAME, BlackBoxAgent, SandboxBridge
+from skyrl_agent.agents.blackbox.base import MODEL_NAME, BlackBoxAgent, SandboxBridge, require
 from skyrl_agent.capture import CaptureHandle
 from skyrl_agent.envs.env import Env
 from skyrl_agent.types import FinishReason
+
+require("minisweagent", "mini-swe-agent")
 
 _EXIT = {"Submitted": FinishReason.STOP, "LimitsExceeded": FinishReason.MAX_TURNS,
          "TimeExceeded": FinishReason.AGENT_TIMEOUT}
@@ -21,7 +23,6 @@ class MiniSweAgent(BlackBoxAgent):
     """mini-swe-agent (package mini-swe-agent) through the capture proxy."""
 
     name = "mini-swe-agent"
-    module = "minisweagent"
 
     def __init__(self, max_turns: int = 50, command_timeout_s: float = 60.0,
                  config_name: str = "mini") -> None:

@@ -16,11 +16,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from skyrl_agent.agents.blackbox.base import MODEL_NAME, BlackBoxAgent, SandboxBridge
+from skyrl_agent.agents.blackbox.base import MODEL_NAME, BlackBoxAgent, SandboxBridge, require
 from skyrl_agent.agents.blackbox.harbor_env import scratch_dir
 from skyrl_agent.capture import CaptureHandle
 from skyrl_agent.envs.env import Env
 from skyrl_agent.types import FinishReason
+
+require("openhands.sdk", "openhands-sdk")
 
 _CWD_MARK = "__SKYRL_CWD__"
 _EXECUTORS: dict[str, Any] = {}
@@ -31,7 +33,6 @@ class OpenHandsSdkAgent(BlackBoxAgent):
     """The OpenHands SDK agent (package openhands-sdk) through the capture proxy."""
 
     name = "openhands-sdk"
-    module = "openhands.sdk"
 
     def __init__(self, max_turns: int = 50, command_timeout_s: float = 60.0) -> None:
         super().__init__(max_turns)

@@ -10,17 +10,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from skyrl_agent.agents.blackbox.base import MODEL_NAME, BlackBoxAgent
+from skyrl_agent.agents.blackbox.base import MODEL_NAME, BlackBoxAgent, require
 from skyrl_agent.capture import CaptureHandle
 from skyrl_agent.envs.env import Env
 from skyrl_agent.types import FinishReason
+
+require("harbor.agents.terminus_2", "terminus-2")
 
 
 class HarborTerminus2Agent(BlackBoxAgent):
     """Harbor's terminus-2 (package harbor) through the capture proxy."""
 
     name = "terminus-2"
-    module = "harbor.agents.terminus_2"
 
     def __init__(self, max_turns: int = 50, summarize_free_tokens: int | None = None) -> None:
         super().__init__(max_turns)
