@@ -11,6 +11,7 @@ workspace is a scratch folder on the host that the agent never writes to.
 from __future__ import annotations
 
 import asyncio
+import os
 import shlex
 import uuid
 from pathlib import Path
@@ -46,8 +47,15 @@ class OpenHandsSdkAgent(BlackBoxAgent):
         executor = _executor(bridge, env.workdir, self.command_timeout_s)
         key = uuid.uuid4().hex
         _EXECUTORS[key] = executor
+        # The session's own budgets: the proxy enforces them. The SDK refuses contexts under
+        # 16k tokens unless told otherwise (advice for interactive use; our small models and
+        # CPU budgets run with less).
+        os.environ.setdefault("ALLOW_SHORT_CONTEXT_WINDOWS", "true")
+        config = handle.session.llm.config
         llm = LLM(model=f"openai/{MODEL_NAME}", base_url=handle.base_url,
-                  api_key=SecretStr(handle.key), num_retries=0, usage_id="skyrl-agent")
+                  api_key=SecretStr(handle.key), num_retries=0, usage_id="skyrl-agent",
+                  max_input_tokens=config.max_context_tokens,
+                  max_output_tokens=config.max_tokens)
         agent = Agent(llm=llm, tools=[Tool(name=_tool_name(), params={"executor": key})])
         try:
             with scratch_dir() as scratch:
