@@ -132,12 +132,12 @@ class LLMSession:
         segment's conversation (a measure of what re-tokenizing would have got wrong)."""
         drift = 0
         for segment in self._segments:
-            if not segment.turns:
-                continue
+            if not segment.turns or not segment.messages:
+                continue  # no turns, or recorded through complete_ids (its caller measures)
             last = segment.turns[-1]
             recorded = list(last.prompt_ids + last.completion_ids)
             rerendered = self.renderer.full(segment.messages)
-            drift += _differing_tokens(recorded, rerendered)
+            drift += differing_tokens(recorded, rerendered)
         return drift
 
     # ---- internals ----------------------------------------------------------------------------
@@ -198,15 +198,32 @@ class LLMSession:
                                   f"tokens of {self.config.max_context_tokens}")
         return prompt
 
-    async def _complete(self, prompt: list[int], max_tokens: int) -> Completion:
+    async def complete_ids(self, prompt: Sequence[int], max_tokens: int,
+                           segment: int | None = None,
+                           stop: tuple[str, ...] = ()) -> tuple[int, Completion]:
+        """One recorded call on prompt ids the caller rendered itself (the capture proxy, which
+        decides from an external agent's requests which segment a call extends). The turn goes
+        to segment `segment`, or opens a new one when None; returns the segment's index.
+        `max_tokens` is cut to the context and token budgets, which raise as for `chat`. The
+        caller vouches that the prompt extends the segment's last prompt + completion."""
+        budget = self._budget(len(prompt), min(max_tokens, self.config.max_tokens))
+        if segment is None:
+            self._segments.append(_Segment(messages=[]))
+            segment = len(self._segments) - 1
+        completion = await self._complete(list(prompt), budget, self._segments[segment], stop)
+        return segment, completion
+
+    async def _complete(self, prompt: list[int], max_tokens: int,
+                        segment: _Segment | None = None,
+                        stop: tuple[str, ...] = ()) -> Completion:
         started = time.time()
         seed = None if self.seed is None else self.seed + self.num_turns
         sampling = Sampling(max_tokens=max_tokens, temperature=self.config.temperature,
-                            top_p=self.config.top_p, seed=seed)
+                            top_p=self.config.top_p, seed=seed, stop=stop)
         async with self.limiter or contextlib.nullcontext():
             completion = await self.client.complete(prompt, sampling, session_id=self.session_id)
         n = len(completion.token_ids)
-        self._current.turns.append(Turn(
+        (segment or self._current).turns.append(Turn(
             prompt_ids=tuple(prompt), completion_ids=completion.token_ids,
             completion_logprobs=completion.logprobs, loss_mask=(1,) * n,
             policy_version=completion.policy_version,
@@ -220,7 +237,7 @@ class LLMSession:
         self.client.end_session(self.session_id)
 
 
-def _differing_tokens(a: list[int], b: list[int]) -> int:
+def differing_tokens(a: list[int], b: list[int]) -> int:
     """Tokens of either sequence outside their longest common subsequence blocks. The shared
     head and tail are skipped first, so the usual case (equal, or one local change) is linear."""
     head = 0
