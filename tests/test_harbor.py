@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from skyrl_agent.harbor.environment import extract_bundle
 from skyrl_agent.inference.process import embedded_server
 from skyrl_agent.sandboxes.artifacts import ArtifactLimits, BundleWriter
+from skyrl_agent.sandboxes.harbor_environment import extract_bundle
 from tests.conftest import DEMO
 from tests.test_cli import assert_one_line_error, run
 from tests.tiny_models import tiny_llama_dir

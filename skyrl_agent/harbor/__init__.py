@@ -8,6 +8,6 @@ backend, skyrl_agent.sandboxes.harbor.)
 """
 
 from skyrl_agent.harbor.agents import CodeActHarborAgent, TerminusHarborAgent
-from skyrl_agent.harbor.environment import SkyrlEnvironment
+from skyrl_agent.sandboxes.harbor_environment import SkyrlEnvironment
 
 __all__ = ["CodeActHarborAgent", "SkyrlEnvironment", "TerminusHarborAgent"]

@@ -13,12 +13,12 @@ from __future__ import annotations
 import asyncio
 import os
 import shlex
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
 
 from skyrl_agent.agents.blackbox.base import MODEL_NAME, BlackBoxAgent, SandboxBridge, require
-from skyrl_agent.agents.blackbox.harbor_env import scratch_dir
 from skyrl_agent.capture import CaptureHandle
 from skyrl_agent.envs.env import Env
 from skyrl_agent.types import FinishReason
@@ -58,7 +58,7 @@ class OpenHandsSdkAgent(BlackBoxAgent):
                   max_output_tokens=config.max_tokens)
         agent = Agent(llm=llm, tools=[Tool(name=_tool_name(), params={"executor": key})])
         try:
-            with scratch_dir() as scratch:
+            with tempfile.TemporaryDirectory(prefix="skyrl-openhands-") as scratch:
                 conversation: Any = Conversation(  # its decorators confuse mypy
                     agent=agent, workspace=str(Path(scratch)), visualizer=None,
                     max_iteration_per_run=self.max_turns, stuck_detection=False)

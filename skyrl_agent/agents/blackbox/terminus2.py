@@ -8,6 +8,7 @@ those rewrites becomes a new segment instead of a drifted single sequence.
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 from skyrl_agent.agents.blackbox.base import MODEL_NAME, BlackBoxAgent, require
@@ -33,13 +34,13 @@ class HarborTerminus2Agent(BlackBoxAgent):
         from harbor.agents.terminus_2 import Terminus2
         from harbor.models.agent.context import AgentContext
 
-        from skyrl_agent.agents.blackbox.harbor_env import SandboxEnvironment, scratch_dir
+        from skyrl_agent.sandboxes.harbor_environment import SkyrlEnvironment
 
         config = handle.session.llm.config
         threshold = self.summarize_free_tokens
         if threshold is None:
             threshold = config.max_context_tokens // 4
-        with scratch_dir() as scratch:
+        with tempfile.TemporaryDirectory(prefix="skyrl-harbor-agent-") as scratch:
             agent = Terminus2(
                 logs_dir=Path(scratch) / "agent", model_name=f"openai/{MODEL_NAME}",
                 api_base=handle.base_url, llm_kwargs={"api_key": handle.key},
@@ -48,7 +49,7 @@ class HarborTerminus2Agent(BlackBoxAgent):
                 model_info={"max_input_tokens": config.max_context_tokens,
                             "max_output_tokens": config.max_tokens,
                             "input_cost_per_token": 0.0, "output_cost_per_token": 0.0})
-            environment = SandboxEnvironment(env, Path(scratch) / "trial")
+            environment = SkyrlEnvironment.over(env.sandbox, env.task, Path(scratch) / "trial")
             context = AgentContext()
             await agent.setup(environment)
             await agent.run(env.instruction, environment, context)

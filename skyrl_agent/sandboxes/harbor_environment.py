@@ -4,6 +4,8 @@ Harbor trials (any Harbor agent, Harbor's verifier) then run in a bubblewrap san
 (no daemon, no network unless the task asks for it, cgroup limits) or, with
 `--ek backend=docker`, in our docker backend. The sandbox is built from the task directory the
 way our own runs build it (SandboxSpec.from_task), so the two paths isolate a task alike.
+`SkyrlEnvironment.over` adopts a sandbox an episode already started (its start and stop stay
+the episode's): how Harbor's own agents act in our episodes (agents/blackbox/terminus2.py).
 
 Files coming out go through the sandbox's bundle (artifacts.py): regular files, folders and
 links, links kept as links; on the host, a link that would point outside the target folder is
@@ -25,7 +27,7 @@ from harbor.environments.capabilities import EnvironmentCapabilities
 from skyrl_agent.config import SandboxConfig
 from skyrl_agent.sandboxes.artifacts import ArtifactLimits, BundleWriter
 from skyrl_agent.sandboxes.base import Sandbox, SandboxSpec, create_sandbox
-from skyrl_agent.tasks.model import load_task
+from skyrl_agent.tasks.model import TaskSpec, load_task
 
 log = logging.getLogger(__name__)
 TRIAL_DEADLINE_S = 4 * 3600.0
@@ -59,7 +61,22 @@ class SkyrlEnvironment(BaseEnvironment):
         self._config = SandboxConfig(backend=backend,
                                      work_root=Path(work_root) if work_root else None)
         self._sandbox: Sandbox | None = None
+        self._owned = True
         super().__init__(*args, **kwargs)
+
+    @classmethod
+    def over(cls, sandbox: Sandbox, task: TaskSpec, trial_dir: Path) -> SkyrlEnvironment:
+        """A started sandbox as a Harbor environment; starting and stopping it stay with its
+        owner."""
+        from harbor.models.trial.paths import TrialPaths
+
+        name = task.name.replace("/", "__")
+        environment = cls(environment_dir=task.environment_dir, environment_name=name,
+                          session_id=f"{name}__env", trial_paths=TrialPaths(trial_dir=trial_dir),
+                          task_env_config=task.config.environment)
+        environment._sandbox, environment._owned = sandbox, False
+        environment.default_user = task.config.agent.user
+        return environment
 
     @staticmethod
     def type() -> str:
@@ -80,11 +97,15 @@ class SkyrlEnvironment(BaseEnvironment):
         return SandboxSpec.from_task(task, config)
 
     async def start(self, force_build: bool) -> None:
+        if not self._owned:
+            return
         sandbox = create_sandbox(self._spec(), self._config)
         await sandbox.start()
         self._sandbox = sandbox
 
     async def stop(self, delete: bool) -> None:
+        if not self._owned:
+            return
         sandbox, self._sandbox = self._sandbox, None
         if sandbox is not None:
             await sandbox.stop()  # nothing of a sandbox outlives it, delete or not
