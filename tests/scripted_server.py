@@ -41,6 +41,8 @@ class ScriptedServer:
     prompts: list[list[int]] = field(default_factory=list)
     max_tokens: list[int] = field(default_factory=list)
     """The max_tokens of each request, in order."""
+    sampled_ids: list[list[int]] = field(default_factory=list)
+    """The ids each reply sent back, in order."""
     encode: Callable[[str], list[int]] | None = None
     """Reply text -> sampled ids; default the canonical tokenization. A test can return ids that
     decode to the text but are not its canonical encoding, as a real model may sample them."""
@@ -59,6 +61,7 @@ class ScriptedServer:
             ids, finish = ids[: body["max_tokens"]], "length"
         else:
             ids.append(self.tokenizer.eos_token_id)
+        self.sampled_ids.append(list(ids))
         choice = {"text": self.tokenizer.decode(ids, skip_special_tokens=True),
                   "token_ids": ids, "finish_reason": finish, "policy_version": 0,
                   "logprobs": {"token_logprobs": [-0.25] * len(ids)}}

@@ -172,6 +172,39 @@ async def test_harbor_terminus_2_compaction_becomes_new_segments(server_url, tok
     assert trajectory.metrics["segment_breaks"] == len(trajectory.segments) - 1 >= 1
 
 
+async def test_a_harbor_trial_of_harbors_terminus_2_is_a_stored_run(tokenizer, tmp_path,
+                                                                   work_root):
+    """Harbor's lifecycle (its agent, its verifier) in our sandbox, with the model calls
+    through the capture proxy: the trial comes back as one of our trajectories, stored and
+    read by `eval` like any run."""
+    from skyrl_agent.data.run_dir import RunDir, RunRecord
+    from skyrl_agent.data.store import TrajectoryStore
+    from skyrl_agent.harbor.trial import harbor_trial
+    from tests.test_cli import run
+
+    script = replies(terminus(HELLO + "\n"), *[terminus(complete=True)] * 6)
+    async with (ScriptedServer(tokenizer, script) as server,
+                InferenceClient([server.url]) as client):
+        llm = LLMSession(client, tokenizer, SCRIPTED)
+        trajectory = await harbor_trial(find_task("demo/hello-file"), "terminus-2", llm,
+                                        tmp_path / "trials", agent_kwargs={"max_turns": 6,
+                                                      "proactive_summarization_threshold": 0},
+                                        environment_kwargs={"work_root": str(work_root)})
+    assert not trajectory.masked, trajectory.mask_reason
+    assert trajectory.reward.value == 1.0  # Harbor's verifier, through our environment
+    (segment,) = trajectory.segments
+    assert len(segment.turns) == 3 and segment.is_token_consistent()
+    assert [t.completion_ids for t in segment.turns] == [
+        tuple(ids) for ids in server.sampled_ids]  # exactly what the model sampled
+    run_dir = tmp_path / "run"
+    RunDir(run_dir).prepare(RunRecord(1, {"inference": {"model": "smollm2-135m"}}))
+    store = TrajectoryStore(run_dir, writable=True)
+    store.append([trajectory])
+    store.close()
+    result = run("eval", str(run_dir))
+    assert result.returncode == 0 and "reward mean 1.000" in result.stdout, result.stdout
+
+
 # ---- the OpenHands SDK agent --------------------------------------------------------------
 
 def terminal(command: str) -> str:
