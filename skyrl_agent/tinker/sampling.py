@@ -1,0 +1,197 @@
+"""Sampling: one embedded inference server per base model, loaded with exactly the weights a
+sampling session names.
+
+Several sampling sessions (base weights, different sampler checkpoints) share their base
+model's one server; the server holds one set of weights at a time. A `WeightsGate` lets every
+request on the loaded weights run together (the server batches them) and makes a request for
+other weights wait until those drain, then loads its file with `/update_weights`. One server
+per base keeps memory at one model copy; the price is a reload when clients alternate
+between weights.
+
+Sampler files may hold a subset of the parameters (LoRA: the merged adapted layers). The gate
+tracks which parameters differ from the base; when the next file does not cover them all, the
+base model's own safetensors files are loaded first, so nothing of an earlier file lingers.
+
+Prompt logprobs come from a scorer: a forward pass of a torch copy of the same base model with
+the same file loaded, as Tinker's `prompt_logprobs` (NaN at position 0).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from skyrl_agent.inference.client import InferenceClient, InferenceError, Sampling
+from skyrl_agent.inference.process import ServerProcess, embedded_server
+from skyrl_agent.tinker.errors import TinkerUserError
+from skyrl_agent.tinker.models import BaseInfo
+from skyrl_agent.tinker.proto import SampledSequence
+from skyrl_agent.trainers.backend import Datum
+
+log = logging.getLogger(__name__)
+
+
+def tensor_names(path: Path) -> set[str]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as handle:
+        return set(handle.keys())
+
+
+@dataclass
+class LoadedWeights:
+    """Which weights a model copy holds, and which parameters differ from the base."""
+
+    key: str | None = None
+    """The sampler file loaded last (None: the base weights)."""
+    dirty: frozenset[str] = frozenset()
+
+    def plan(self, target: Path | None, base_files: Sequence[Path]) -> list[Path]:
+        """Files to load, in order, so that the copy holds exactly `target`."""
+        names = frozenset(tensor_names(target)) if target else frozenset()
+        files: list[Path] = []
+        dirty = self.dirty
+        if dirty - names:
+            files += base_files
+            dirty = frozenset()
+        if target is not None:
+            files.append(target)
+            dirty = dirty | names
+        self.key, self.dirty = (str(target) if target else None), dirty
+        return files
+
+
+class WeightsGate:
+    """Requests on the loaded weights run together; others wait, then load theirs."""
+
+    def __init__(self) -> None:
+        self.current: str | None = None
+        self.active = 0
+        self._changed = asyncio.Condition()
+
+    @contextlib.asynccontextmanager
+    async def holding(self, key: str | None,
+                      load: Callable[[], Awaitable[None]]) -> AsyncIterator[None]:
+        async with self._changed:
+            while self.current != key and self.active:
+                await self._changed.wait()
+            if self.current != key:
+                await load()
+                self.current = key
+            self.active += 1
+        try:
+            yield
+        finally:
+            async with self._changed:
+                self.active -= 1
+                self._changed.notify_all()
+
+
+class Sampler:
+    """The sampling side of one base model."""
+
+    def __init__(self, base: BaseInfo, executor: Executor, max_batch_size: int = 32,
+                 log_dir: Path | None = None) -> None:
+        self.base = base
+        self.executor = executor
+        self.max_batch_size = max_batch_size
+        self.log_dir = log_dir
+        self.base_files = sorted(base.folder.glob("*.safetensors"))
+        self.gate = WeightsGate()
+        self._server_weights = LoadedWeights()
+        self._scorer_weights = LoadedWeights()
+        self._process: ServerProcess | None = None
+        self._client: InferenceClient | None = None
+        self._scorer: Any = None
+        self._start_lock = asyncio.Lock()
+        self._scorer_lock = asyncio.Lock()
+        self._version = 0
+
+    async def sample(self, weights: Path | None, prompt: list[int], sampling: Sampling, n: int,
+                     prompt_logprobs: bool) -> tuple[list[SampledSequence], list[float] | None]:
+        """n samples of `prompt` under `weights` (None: the base), and its prompt logprobs."""
+        if weights is not None and not await asyncio.to_thread(weights.is_file):
+            raise TinkerUserError("these sampler weights are gone (ephemeral weights are "
+                                  "kept for the newest few saves only)")
+        client = await self._started()
+        key = str(weights) if weights else None
+        async with self.gate.holding(key, lambda: self._load_server(client, weights)):
+            seeds = [None if sampling.seed is None else sampling.seed + i for i in range(n)]
+            try:
+                completions = await asyncio.gather(*[
+                    client.complete(prompt, _with_seed(sampling, seed)) for seed in seeds])
+            except InferenceError as exc:
+                if 400 <= exc.status < 500:
+                    raise TinkerUserError(exc.message) from None
+                raise
+            scored = await self._score(weights, prompt) if prompt_logprobs else None
+        sequences = [SampledSequence(c.token_ids, c.logprobs,
+                                     "length" if c.finish_reason == "length" else "stop")
+                     for c in completions]
+        return sequences, scored
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+        if self._process is not None:
+            await asyncio.to_thread(self._process.stop)
+
+    async def _started(self) -> InferenceClient:
+        async with self._start_lock:
+            if self._client is None:
+                log_path = self.log_dir / f"sampler-{_safe(self.base.name)}.log" \
+                    if self.log_dir else None
+                process = embedded_server(str(self.base.folder),
+                                          max_batch_size=self.max_batch_size, log_path=log_path)
+                url = await asyncio.to_thread(process.start)
+                self._process = process
+                self._client = InferenceClient([url])
+                log.info("sampler for %s at %s", self.base.name, url)
+            return self._client
+
+    async def _load_server(self, client: InferenceClient, weights: Path | None) -> None:
+        for path in self._server_weights.plan(weights, self.base_files):
+            self._version += 1
+            await client.update_weights(str(path), self._version)
+
+    async def _score(self, weights: Path | None, prompt: list[int]) -> list[float]:
+        if len(prompt) < 2:
+            return [math.nan] * len(prompt)
+        async with self._scorer_lock:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self.executor, self._score_sync, weights, prompt)
+
+    def _score_sync(self, weights: Path | None, prompt: list[int]) -> list[float]:
+        from safetensors.torch import load_file
+
+        from skyrl_agent.trainers.torch_backend import TorchBackend
+
+        if self._scorer is None:
+            self._scorer = TorchBackend(self.base.folder)
+        if self._scorer_weights.key != (str(weights) if weights else None):
+            files = self._scorer_weights.plan(weights, self.base_files)
+            params = dict(self._scorer.model.named_parameters())
+            for path in files:
+                for name, tensor in load_file(path).items():
+                    if name in params:
+                        params[name].data.copy_(tensor)
+        datum = Datum(tuple(prompt[:-1]), {"target_tokens": tuple(map(float, prompt[1:]))})
+        (logprobs,) = self._scorer.forward([datum])
+        return [math.nan, *logprobs]
+
+
+def _with_seed(sampling: Sampling, seed: int | None) -> Sampling:
+    from dataclasses import replace
+
+    return replace(sampling, seed=seed)
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
