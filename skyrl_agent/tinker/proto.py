@@ -18,6 +18,7 @@ import numpy as np
 from skyrl_agent.errors import ConfigError
 from skyrl_agent.tinker.errors import TinkerUserError
 from skyrl_agent.trainers.backend import DATUM_ARRAYS, Datum
+from skyrl_agent.trainers.loss import LOSS_FNS
 
 
 def public_pb() -> Any:
@@ -57,6 +58,9 @@ def decode_forward_backward(body: bytes, zstd: bool = False) -> ForwardBackwardC
         message.ParseFromString(body)
     except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError and friends
         raise TinkerUserError(f"body is not a ForwardBackwardRequest: {exc}") from None
+    if message.loss_fn not in LOSS_FNS and not message.forward_only:
+        raise TinkerUserError(f"unknown loss_fn {message.loss_fn!r}; this server supports "
+                              f"{', '.join(LOSS_FNS)}")
     config: dict[str, float | str] = {k: float(v) for k, v in message.loss_fn_config.items()}
     for key, value in message.loss_fn_config_v2.items():
         config[key] = value.text if value.WhichOneof("value") == "text" else float(value.number)
