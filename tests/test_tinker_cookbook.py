@@ -39,7 +39,7 @@ def _boxed_model(tiny_model_dir: Path, target: Path) -> Path:
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     data = []
-    for question, _ in QUESTIONS * 2:
+    for question, _ in QUESTIONS:
         for answer in ("5", "8"):
             prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}],
                                                    add_generation_prompt=True, tokenize=False)
@@ -49,7 +49,7 @@ def _boxed_model(tiny_model_dir: Path, target: Path) -> Path:
             data.append(Datum(tuple(ids[:-1]), {"target_tokens": tuple(map(float, ids[1:])),
                                                 "weights": tuple(weights)}))
     backend = TorchBackend(tiny_model_dir, seed=0)
-    for _ in range(60):
+    for _ in range(32):
         backend.forward_backward(data, "cross_entropy", {"reduction": "token-mean"})
         backend.optim_step(AdamParams(learning_rate=1e-2))
     backend.export(target)
