@@ -29,12 +29,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 
-from skyrl_agent.inference.models import resolve_model  # noqa: E402
-from skyrl_agent.inference.process import ServerProcess  # noqa: E402
-from skyrl_agent.trainers.backend import AdamParams, Datum  # noqa: E402
-from skyrl_agent.trainers.torch_backend import TorchBackend  # noqa: E402
-from skyrl_agent.trainers.torch_model import LoraSettings  # noqa: E402
-from tests.tiny_models import char_model_dir  # noqa: E402
+from skyrl_agent.inference.models import resolve_model
+from skyrl_agent.inference.process import ServerProcess
+from skyrl_agent.trainers.backend import AdamParams, Datum
+from skyrl_agent.trainers.torch_backend import TorchBackend
+from skyrl_agent.trainers.torch_model import LoraSettings
+from tests.tiny_models import char_model_dir
 
 WARMUP, STEPS, RANK, LR = 2, 8, 16, 1e-4
 SHAPES = {"smollm2-135m": (8, 128), "tiny": (8, 32)}
@@ -106,8 +106,8 @@ def main() -> None:
     server.start()
     print(f"torch threads {torch.get_num_threads()}, cores {os.cpu_count()}, "
           f"load {os.getloadavg()[0]:.1f}")
-    print(f"| model | batch | (a) in-process s/step | (b) SDK s/step | (b)/(a) | "
-          f"SDK overhead ms/step |")
+    print("| model | batch | (a) in-process s/step | (b) SDK s/step | (b)/(a) | "
+          "SDK overhead ms/step |")
     print("|---|---|---:|---:|---:|---:|")
     try:
         for name, folder in folders.items():

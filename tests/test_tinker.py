@@ -160,6 +160,35 @@ def test_models_on_one_server_are_isolated_and_base_sampling_sees_base_weights(s
                                atol=1e-3)
 
 
+def test_custom_loss_runs_through_forward_and_real_valued_weights(service):
+    """forward_backward_custom: the SDK runs forward, differentiates the loss itself and sends
+    weights = -dC/dlogp with cross_entropy, so real-valued weights must scale each token's
+    loss (Tinker's -logp * weights), not act as a 0/1 mask."""
+    import torch
+
+    seq = list(range(10, 30))
+    weights = np.linspace(0.1, 2.0, len(seq) - 1)
+    custom = service.create_lora_training_client(base_model="tiny", rank=4, seed=3).result()
+    plain = service.create_lora_training_client(base_model="tiny", rank=4, seed=3).result()
+    start = logprobs_of(plain, [seq])[0]
+    np.testing.assert_allclose(logprobs_of(custom, [seq])[0], start)
+
+    def weighted_nll(data, logprobs):
+        loss = -(torch.cat(logprobs) * torch.as_tensor(weights, dtype=torch.float32)).sum()
+        return loss, {"weighted_nll": float(loss)}
+
+    result = custom.forward_backward_custom([datum(seq)], weighted_nll).result()
+    assert result.metrics["weighted_nll"] == pytest.approx(-(start * weights).sum(), rel=1e-5)
+    out = plain.forward_backward([datum(seq, weights=weights)], "cross_entropy").result()
+    assert out.metrics["loss:sum"] == pytest.approx(-(start * weights).sum(), rel=1e-5)
+    adam = types.AdamParams(learning_rate=1e-2)
+    custom.optim_step(adam).result()
+    plain.optim_step(adam).result()
+    after = logprobs_of(custom, [seq])[0]
+    np.testing.assert_allclose(after, logprobs_of(plain, [seq])[0], atol=1e-5)
+    assert np.abs(after - start).max() > 1e-4  # the step moved the weights
+
+
 def test_errors_reach_the_sdk_as_one_clear_message(service):
     with pytest.raises(tinker.RequestFailedError, match="unknown base model 'nope'"):
         service.create_lora_training_client(base_model="nope", rank=4).result()
@@ -175,9 +204,26 @@ def test_errors_reach_the_sdk_as_one_clear_message(service):
     with pytest.raises(tinker.BadRequestError, match="needs advantages"):
         client.forward_backward([datum([1, 2, 3])], "ppo").result()
     client = service.create_lora_training_client(base_model="tiny", rank=4).result()
-    with pytest.raises(tinker.RequestFailedError, match="outside|index|vocab"):
+    with pytest.raises(tinker.RequestFailedError, match="token id 1000000 is outside the voc"):
         client.forward_backward([datum([1, 2, 10**6])], "cross_entropy").result()
     with pytest.raises(tinker.BadRequestError, match="no checkpoint at"):
         service.create_sampling_client(model_path="tinker://x:train:0/sampler_weights/w").result()
     with pytest.raises(tinker.BadRequestError, match="invalid training run id"):
         service.create_sampling_client(model_path="tinker://../sampler_weights/w").result()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--model", "/no/such/folder"], "unknown model '/no/such/folder'"),
+    (["--model", "a=smollm2-135m", "--model", "a=smollm2-135m"], "--model 'a' given twice"),
+    (["--model", "=x"], "give NAME=FOLDER"),
+])
+def test_tinker_serve_bad_input_is_one_error_line(argv, message, tmp_path):
+    import subprocess
+
+    from tests.tinker_server import CLI
+
+    done = subprocess.run([CLI, "tinker-serve", "--port", "0", "--data-dir", str(tmp_path),
+                           *argv], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], lines

@@ -127,12 +127,13 @@ def test_cookbook_sl_loop_runs_unmodified(cookbook_env):
     assert "tinker://" in checkpoints and "final" in checkpoints
 
 
-def test_cookbook_rl_loop_runs_unmodified_and_trains(cookbook_env):
+@pytest.mark.parametrize("loss_fn", ["importance_sampling", "gspo"])
+def test_cookbook_rl_loop_runs_unmodified_and_trains(cookbook_env, loss_fn):
     url, env, root = cookbook_env
     metrics = _run_recipe("tinker_cookbook.recipes.rl_loop",
                           [f"base_url={url}", f"model_name={MODEL}", "batch_size=2",
                            "group_size=4", "max_tokens=8", "max_steps=2", "lora_rank=4",
-                           "loss_fn=importance_sampling", "save_every=0"], env, root / "rl")
+                           f"loss_fn={loss_fn}", "save_every=0"], env, root / f"rl-{loss_fn}")
     assert len(metrics) == 2
     rewards = [m["reward/total"] for m in metrics]
     assert all(0.0 <= r <= 1.0 for r in rewards)

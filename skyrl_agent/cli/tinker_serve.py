@@ -27,11 +27,13 @@ def tinker_serve(
     """Serve the Tinker API (training clients, sampling clients, checkpoints) for the tinker
     SDK: ServiceClient(base_url="http://HOST:PORT", api_key="tml-...")."""
     from skyrl_agent.inference.models import cache_dir
-    from skyrl_agent.tinker.server import run
-    from skyrl_agent.tinker.service import ServiceOptions
+    from skyrl_agent.tinker.config import BaseModels, ServiceOptions
 
     options = ServiceOptions(data_dir=data_dir or cache_dir() / "tinker",
                              models=tuple(model or ["smollm2-135m"]),
                              micro_batch_tokens=micro_batch_tokens,
                              max_batch_size=max_batch_size)
+    BaseModels(list(options.models))  # bad names fail here, before torch is imported
+    from skyrl_agent.tinker.server import run
+
     run(options, host, port)

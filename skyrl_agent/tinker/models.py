@@ -1,7 +1,6 @@
-"""Base models the server offers and the training models clients create on them.
+"""The training models clients create on the server's base models.
 
-A base model is a local Hugging Face folder under a name (`tinker-serve --model NAME=FOLDER`, or
-a built-in name / folder that names itself). Each training model is its own torch backend (its
+Each training model is its own torch backend (its
 own weights, adapters, optimizer and order of requests), so models never see each other's
 state; what they share is one worker thread, because two backward passes at once on the same
 cores only slow each other down.
@@ -9,13 +8,10 @@ cores only slow each other down.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from skyrl_agent.errors import ConfigError
-from skyrl_agent.inference.models import resolve_model
+from skyrl_agent.tinker.config import BaseInfo
 from skyrl_agent.tinker.errors import TinkerUserError
 from skyrl_agent.tinker.ordering import SeqOrder
 from skyrl_agent.tinker.store import ModelSpec
@@ -24,44 +20,6 @@ from skyrl_agent.trainers.backend import TrainerBackend
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")
 UNEMBED = ("lm_head",)
-
-
-@dataclass(frozen=True)
-class BaseInfo:
-    """One base model: its name for clients and the folder it loads from."""
-
-    name: str
-    folder: Path
-    tied_embeddings: bool
-    """The output layer is the embedding table (no separate unembedding to adapt)."""
-    arch: str
-    max_context: int | None
-
-
-class BaseModels:
-    """The server's base models by name."""
-
-    def __init__(self, specs: list[str]) -> None:
-        if not specs:
-            raise ConfigError("tinker-serve needs at least one --model")
-        self.models: dict[str, BaseInfo] = {}
-        for spec in specs:
-            name, _, source = spec.partition("=") if "=" in spec else (spec, "", spec)
-            if not name or not source:
-                raise ConfigError(f"--model {spec!r}: give NAME=FOLDER, a folder or a built-in")
-            if name in self.models:
-                raise ConfigError(f"--model {name!r} given twice")
-            folder = resolve_model(source)
-            config = json.loads((folder / "config.json").read_text())
-            self.models[name] = BaseInfo(
-                name, folder, bool(config.get("tie_word_embeddings", False)),
-                str(config.get("model_type", "unknown")), config.get("max_position_embeddings"))
-
-    def get(self, name: str | None) -> BaseInfo:
-        if name in self.models:
-            return self.models[name]
-        raise TinkerUserError(f"unknown base model {name!r}; this server has "
-                              f"{', '.join(sorted(self.models))}")
 
 
 def lora_spec(base: BaseInfo, rank: int, train_mlp: bool = True, train_attn: bool = True,

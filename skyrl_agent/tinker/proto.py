@@ -78,6 +78,9 @@ def _datum(pb: Any, message: Any, index: int, loss_fn: str) -> Datum:
         tokens.extend(np.frombuffer(chunk.encoded_text.tokens, dtype=np.int32).tolist())
     arrays = {name: _tensor(pb, tensor, f"datum {index}: {name}")
               for name, tensor in message.loss_fn_inputs.items()}
+    ratio_mask = arrays.pop("sequence_ratio_mask", None)
+    if ratio_mask is not None and loss_fn != "gspo":
+        raise TinkerUserError(f"datum {index}: sequence_ratio_mask applies to gspo only")
     unknown = set(arrays) - set(DATUM_ARRAYS)
     if unknown:
         raise TinkerUserError(f"datum {index}: unknown loss_fn_inputs {sorted(unknown)}; "
@@ -86,12 +89,27 @@ def _datum(pb: Any, message: Any, index: int, loss_fn: str) -> Datum:
         raise TinkerUserError(f"datum {index}: loss_fn_inputs needs target_tokens")
     if loss_fn != "cross_entropy" and "advantages" not in arrays:
         raise TinkerUserError(f"datum {index}: {loss_fn} needs advantages and logprobs")
-    # Tinker's losses count every position unless weights say otherwise.
-    arrays.setdefault("weights", (1.0,) * len(tokens))
+    if "weights" not in arrays:
+        arrays["weights"] = _default_weights(loss_fn, arrays, ratio_mask, len(tokens))
     try:
         return Datum(tuple(tokens), arrays)
     except ValueError as exc:
         raise TinkerUserError(f"datum {index}: {exc}") from None
+
+
+def _default_weights(loss_fn: str, arrays: Mapping[str, tuple[float, ...]],
+                     ratio_mask: tuple[float, ...] | None, length: int) -> tuple[float, ...]:
+    """Tinker's losses sum over every position unless weights say otherwise. A position with
+    advantage 0 adds nothing to a policy loss, in value or gradient, so for those losses only
+    the positions with an advantage get weight 1: the same loss, and per-token metrics
+    (agreement, clip fractions) that describe the trained tokens, not the prompt. GSPO's
+    sequence ratio runs over `sequence_ratio_mask` (the cookbook sends it). DRO's quadratic
+    term counts everywhere, as in Tinker."""
+    if ratio_mask is not None:
+        return ratio_mask
+    if loss_fn in ("cross_entropy", "dro") or "advantages" not in arrays:
+        return (1.0,) * length
+    return tuple(1.0 if a != 0 else 0.0 for a in arrays["advantages"])
 
 
 def _tensor(pb: Any, tensor: Any, what: str) -> tuple[float, ...]:

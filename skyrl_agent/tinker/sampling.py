@@ -24,14 +24,14 @@ import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from skyrl_agent.inference.client import InferenceClient, InferenceError, Sampling
 from skyrl_agent.inference.process import ServerProcess, embedded_server
+from skyrl_agent.tinker.config import BaseInfo
 from skyrl_agent.tinker.errors import TinkerUserError
-from skyrl_agent.tinker.models import BaseInfo
 from skyrl_agent.tinker.proto import SampledSequence
 from skyrl_agent.trainers.backend import Datum
 
@@ -188,8 +188,6 @@ class Sampler:
 
 
 def _with_seed(sampling: Sampling, seed: int | None) -> Sampling:
-    from dataclasses import replace
-
     return replace(sampling, seed=seed)
 
 

@@ -11,7 +11,7 @@ import json
 import logging
 import signal
 
-from skyrl_agent.tinker.service import ServiceOptions, TinkerService
+from skyrl_agent.tinker.config import ServiceOptions
 
 
 async def serve(options: ServiceOptions, host: str = "127.0.0.1", port: int = 8000) -> None:
@@ -21,6 +21,8 @@ async def serve(options: ServiceOptions, host: str = "127.0.0.1", port: int = 80
     from skyrl_agent.tinker.proto import public_pb
 
     public_pb()  # fail at start-up, with the extra's name, when the SDK is missing
+    from skyrl_agent.tinker.service import TinkerService
+
     service = TinkerService(options)
     runner = web.AppRunner(TinkerApp(service).app(), access_log=None)
     await runner.setup()

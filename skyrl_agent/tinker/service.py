@@ -13,15 +13,15 @@ import logging
 import uuid
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from skyrl_agent.inference.client import Sampling
 from skyrl_agent.tinker import training
+from skyrl_agent.tinker.config import BaseModels, ServiceOptions
 from skyrl_agent.tinker.errors import TinkerUserError
 from skyrl_agent.tinker.futures import FutureStore, Result
-from skyrl_agent.tinker.models import BaseModels, TrainingModel, lora_spec, make_backend
+from skyrl_agent.tinker.models import TrainingModel, lora_spec, make_backend
 from skyrl_agent.tinker.ordering import SeqOrder
 from skyrl_agent.tinker.proto import ForwardBackwardCall, encode_sample
 from skyrl_agent.tinker.sampling import Sampler
@@ -30,19 +30,6 @@ from skyrl_agent.trainers.backend import AdamParams
 
 log = logging.getLogger(__name__)
 MAX_SAMPLES = 64
-
-
-@dataclass(frozen=True)
-class ServiceOptions:
-    data_dir: Path
-    """Checkpoints and sampling sessions (survive a restart)."""
-    models: tuple[str, ...]
-    """Base models: NAME=FOLDER, a folder, or a built-in name."""
-    micro_batch_tokens: int = 2048
-    max_batch_size: int = 32
-    """Sequences each sampler decodes together."""
-    poll_s: float = 30.0
-    """How long retrieve_future holds a request open before answering try_again."""
 
 
 class TinkerService:
@@ -206,13 +193,10 @@ class TinkerService:
 
     def _ordered(self, model_id: str, seq_id: int | None, kind: str,
                  work: Callable[[TrainingModel], Result]) -> str:
-        model = self.models.get(model_id)
-        if model is None:
-            try:
-                self.model(model_id)
-            except TinkerUserError as exc:
-                return self.futures.submit(kind, _fail(str(exc)))
-        assert model is not None
+        try:
+            model = self.model(model_id)
+        except TinkerUserError as exc:
+            return self.futures.submit(kind, _fail(str(exc)))
         if seq_id is not None and seq_id in model.seen:
             return model.seen[seq_id]  # the client sent it again: same future
 

@@ -7,7 +7,7 @@ protobuf ForwardBackwardOutput, or the JSON the SDK's response types read.
 from __future__ import annotations
 
 import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from skyrl_agent.tinker.errors import TinkerUserError
 from skyrl_agent.tinker.futures import Result
@@ -16,13 +16,14 @@ from skyrl_agent.tinker.models import TrainingModel
 from skyrl_agent.tinker.proto import ForwardBackwardCall, encode_forward_backward
 from skyrl_agent.tinker.store import (
     Checkpoint,
+    ModelSpec,
     SamplerRef,
     Store,
     publish_folder,
     staging_folder,
     write_spec,
 )
-from skyrl_agent.trainers.backend import AdamParams
+from skyrl_agent.trainers.backend import AdamParams, Datum
 
 MAX_REDUCTIONS = ("agreement/max_abs_diff", "off_policy/max_abs_diff")
 SUM_METRICS = ("loss", "tokens")
@@ -41,6 +42,7 @@ def tinker_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
 def forward_backward(model: TrainingModel, call: ForwardBackwardCall) -> Result:
     if not call.data:
         raise TinkerUserError("forward_backward needs at least one datum")
+    check_tokens(call.data, model.base.vocab_size)
     if call.forward_only:
         logprobs = model.backend.forward(call.data)
         return Result(proto=encode_forward_backward(logprobs, {}))
@@ -50,6 +52,18 @@ def forward_backward(model: TrainingModel, call: ForwardBackwardCall) -> Result:
     except ValueError as exc:  # token ids outside the vocabulary, KL without a reference, ...
         raise TinkerUserError(str(exc)) from None
     return Result(proto=encode_forward_backward(output.logprobs, tinker_metrics(output.metrics)))
+
+
+def check_tokens(data: Sequence[Datum], vocab_size: int) -> None:
+    """Every input and target id inside the vocabulary (else torch fails deep inside)."""
+    for index, datum in enumerate(data):
+        ids = [*datum.model_input, *datum.loss_fn_inputs["target_tokens"]]
+        bad = next((t for t in ids if not (0 <= t < vocab_size and float(t).is_integer())),
+                   None)
+        if bad is not None:
+            shown = int(bad) if float(bad).is_integer() else bad
+            raise TinkerUserError(f"datum {index}: token id {shown} is outside the "
+                                  f"vocabulary (0..{vocab_size - 1})")
 
 
 def optim_step(model: TrainingModel, adam: AdamParams) -> Result:
@@ -108,9 +122,6 @@ def save_for_sampler(model: TrainingModel, store: Store, name: str | None,
                         "type": "save_weights_for_sampler"})
 
 
-def describe(spec: object) -> str:
-    from skyrl_agent.tinker.store import ModelSpec
-
-    assert isinstance(spec, ModelSpec)
+def describe(spec: ModelSpec) -> str:
     shape = f"LoRA rank {spec.lora_rank}" if spec.lora_rank else "full fine-tuning"
     return f"{spec.base_model} ({shape})"

@@ -85,8 +85,10 @@ def micro_batch_loss(loss_fn: str, config: LossConfig, batch: MicroBatch,
     """This micro-batch's share of the batch loss, and its metrics."""
     mask_BT = batch.weights_BT
     if loss_fn == "cross_entropy":
+        # Weights scale each token's loss (Tinker's -logp * weights; 0/1 masks are the usual
+        # case, real values are how a client-side custom loss sends its gradient).
         ce_BT, ce_metrics = cross_entropy_loss(batch.logprobs_BT, mask_BT)
-        return (ce_BT * batch.reduction_BT).sum(), dict(ce_metrics)
+        return (ce_BT * mask_BT * batch.reduction_BT).sum(), dict(ce_metrics)
     if loss_fn not in POLICY_LOSSES:
         raise ValueError(f"unknown loss_fn {loss_fn!r}; known: {', '.join(LOSS_FNS)}")
     trainer_BT = batch.logprobs_BT.detach()
