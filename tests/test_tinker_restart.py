@@ -118,3 +118,56 @@ def test_store_accepts_only_its_own_tinker_paths(tmp_path):
         store.new_checkpoint("s:train:0", "weights", "../escape")
     with pytest.raises(TinkerUserError, match="already exists"):
         store.new_checkpoint("s:train:0", "weights", "step-1", overwrite=False)
+
+
+async def test_retrieve_future_long_polls_then_says_try_again_and_410_for_unknown_ids(
+        tmp_path):
+    """The future protocol over real HTTP: a pending request is held for poll_s and answered
+    try_again, a finished one returns its payload (again on a second poll), an error carries
+    its category, and an id this server never issued answers 410 (the SDK then resends)."""
+    import aiohttp
+    from aiohttp import web
+
+    from skyrl_agent.tinker.app import TinkerApp
+    from skyrl_agent.tinker.config import ServiceOptions
+    from skyrl_agent.tinker.futures import Result
+    from skyrl_agent.tinker.service import TinkerService
+
+    folder = char_model_dir(tmp_path / "char", hidden=16, layers=1)
+    service = TinkerService(ServiceOptions(data_dir=tmp_path / "data",
+                                           models=(f"tiny={folder}",), poll_s=0.3))
+    release = asyncio.Event()
+
+    async def slow() -> Result:
+        await release.wait()
+        return Result(json={"metrics": {"step": 1.0}})
+
+    async def failing() -> Result:
+        raise TinkerUserError("bad datum")
+
+    runner = web.AppRunner(TinkerApp(service).app())
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}/api/v1/retrieve_future"
+    try:
+        pending, failed = service.futures.submit("OptimStep", slow()), \
+            service.futures.submit("OptimStep", failing())
+        async with aiohttp.ClientSession() as http:
+            started = time.monotonic()
+            async with http.post(url, json={"request_id": pending}) as reply:
+                assert await reply.json() == {"type": "try_again", "request_id": pending,
+                                              "queue_state": "active"}
+            assert time.monotonic() - started >= 0.3
+            release.set()
+            for _ in range(2):
+                async with http.post(url, json={"request_id": pending}) as reply:
+                    assert await reply.json() == {"metrics": {"step": 1.0}}
+            async with http.post(url, json={"request_id": failed}) as reply:
+                assert await reply.json() == {"error": "bad datum", "category": "user"}
+            async with http.post(url, json={"request_id": "never-issued"}) as reply:
+                assert reply.status == 410
+            async with http.post(url, json={"nonsense": 1}) as reply:
+                assert reply.status == 400 and "request_id" in (await reply.json())["detail"]
+    finally:
+        await runner.cleanup()
