@@ -2,14 +2,15 @@
 `tinker-serve`, against the same backend called directly in this process.
 
 For each model, the same LoRA training (rank 16, cross_entropy on every token, Adam) runs
-twice, one after the other so they never share the cores:
+two ways, step by step in turn (a, b, a, b, ...) so that both see the same load on a shared
+machine, and never at the same time:
   (a) in-process: `TorchBackend.forward_backward` then `optim_step`;
   (b) through the SDK: `TrainingClient.forward_backward` then `optim_step` (submitted before
       the first finishes, as the cookbook does), waiting for both results each step.
-Each row is the median step time over STEPS steps after WARMUP warm-up steps; ratio = (b)/(a)
-is the protocol's cost per step (HTTP, protobuf both ways, futures and long-poll, the server's
-worker thread). Models: SmolLM2-135M (the default; compute dominates) and a tiny random Llama
-over a character vocabulary (the per-call overhead alone).
+Each row is the median step time over STEPS steps of each after WARMUP warm-up steps of each;
+ratio = (b)/(a) is the protocol's cost per step (HTTP, protobuf both ways, futures and
+long-poll, the server's worker thread). Models: SmolLM2-135M (the default; compute
+dominates) and a tiny random Llama over a character vocabulary (the per-call overhead alone).
 
 Run: .venv/bin/python benchmarks/tinker.py   (a few minutes on 2 cores)
 """
@@ -23,21 +24,18 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.setdefault("TINKER_TELEMETRY", "0")
 
 from skyrl_agent.inference.models import resolve_model
 from skyrl_agent.inference.process import ServerProcess
 from skyrl_agent.trainers.backend import AdamParams, Datum
 from skyrl_agent.trainers.torch_backend import TorchBackend
 from skyrl_agent.trainers.torch_model import LoraSettings
-from tests.tiny_models import char_model_dir
 
-WARMUP, STEPS, RANK, LR = 2, 8, 16, 1e-4
-SHAPES = {"smollm2-135m": (8, 128), "tiny": (8, 32)}
+WARMUP, STEPS, RANK, LR = 1, 5, 16, 1e-4
+SHAPES = {"smollm2-135m": (4, 64), "tiny": (8, 32)}
 """Sequences per batch and tokens per sequence."""
 
 
@@ -46,18 +44,21 @@ def batch(vocab: int, rows: int, length: int) -> list[list[int]]:
     return [rng.integers(10, vocab, size=length + 1).tolist() for _ in range(rows)]
 
 
-def median_step(step: Callable[[], None]) -> float:
+def medians(step_a: Callable[[], None], step_b: Callable[[], None]) -> tuple[float, float]:
+    """Median seconds of each step, run alternately."""
     for _ in range(WARMUP):
-        step()
-    times = []
+        step_a()
+        step_b()
+    times: tuple[list[float], list[float]] = ([], [])
     for _ in range(STEPS):
-        started = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
+        for step, out in ((step_a, times[0]), (step_b, times[1])):
+            started = time.perf_counter()
+            step()
+            out.append(time.perf_counter() - started)
+    return statistics.median(times[0]), statistics.median(times[1])
 
 
-def in_process(folder: Path, sequences: list[list[int]]) -> float:
+def in_process(folder: Path, sequences: list[list[int]]) -> tuple[Callable[[], None], Any]:
     backend = TorchBackend(folder, lora=LoraSettings(rank=RANK), seed=0)
     data = [Datum(tuple(s[:-1]), {"target_tokens": tuple(map(float, s[1:])),
                                   "weights": (1.0,) * (len(s) - 1)}) for s in sequences]
@@ -66,13 +67,10 @@ def in_process(folder: Path, sequences: list[list[int]]) -> float:
         backend.forward_backward(data, "cross_entropy")
         backend.optim_step(AdamParams(learning_rate=LR))
 
-    try:
-        return median_step(step)
-    finally:
-        backend.close()
+    return step, backend
 
 
-def through_sdk(url: str, name: str, sequences: list[list[int]]) -> float:
+def through_sdk(url: str, name: str, sequences: list[list[int]]) -> Callable[[], None]:
     import tinker
     from tinker import types
 
@@ -89,11 +87,16 @@ def through_sdk(url: str, name: str, sequences: list[list[int]]) -> float:
         fwd_bwd.result()
         optim.result()
 
-    return median_step(step)
+    return step
 
 
 def main() -> None:
     import torch
+
+    # This file's own folder would shadow the `tinker` package: the repository goes there.
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+    os.environ.setdefault("TINKER_TELEMETRY", "0")
+    from tests.tiny_models import char_model_dir
 
     work = Path(tempfile.mkdtemp(prefix="skyrl-bench-tinker-"))
     folders = {"smollm2-135m": resolve_model("smollm2-135m"),
@@ -105,7 +108,7 @@ def main() -> None:
     server = ServerProcess(argv, log_path=work / "server.log", startup_timeout_s=300)
     server.start()
     print(f"torch threads {torch.get_num_threads()}, cores {os.cpu_count()}, "
-          f"load {os.getloadavg()[0]:.1f}")
+          f"load {os.getloadavg()[0]:.1f} at the start")
     print("| model | batch | (a) in-process s/step | (b) SDK s/step | (b)/(a) | "
           "SDK overhead ms/step |")
     print("|---|---|---:|---:|---:|---:|")
@@ -115,10 +118,12 @@ def main() -> None:
             vocab = int(__import__("json").loads((folder / "config.json").read_text())
                         ["vocab_size"])
             sequences = batch(vocab, rows, length)
-            direct = in_process(folder, sequences)
-            sdk = through_sdk(server.url or "", name, sequences)
+            direct_step, backend = in_process(folder, sequences)
+            direct, sdk = medians(direct_step, through_sdk(server.url or "", name, sequences))
+            backend.close()
             print(f"| {name} | {rows}x{length} | {direct:.4f} | {sdk:.4f} | "
-                  f"**{sdk / direct:.2f}** | {1000 * (sdk - direct):.1f} |", flush=True)
+                  f"**{sdk / direct:.2f}** | {1000 * (sdk - direct):.1f} |  load "
+                  f"{os.getloadavg()[0]:.1f}", flush=True)
     finally:
         server.stop()
 

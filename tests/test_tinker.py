@@ -175,7 +175,7 @@ def test_custom_loss_runs_through_forward_and_real_valued_weights(service):
 
     def weighted_nll(data, logprobs):
         loss = -(torch.cat(logprobs) * torch.as_tensor(weights, dtype=torch.float32)).sum()
-        return loss, {"weighted_nll": float(loss)}
+        return loss, {"weighted_nll": float(loss.detach())}
 
     result = custom.forward_backward_custom([datum(seq)], weighted_nll).result()
     assert result.metrics["weighted_nll"] == pytest.approx(-(start * weights).sum(), rel=1e-5)
@@ -187,6 +187,24 @@ def test_custom_loss_runs_through_forward_and_real_valued_weights(service):
     after = logprobs_of(custom, [seq])[0]
     np.testing.assert_allclose(after, logprobs_of(plain, [seq])[0], atol=1e-5)
     assert np.abs(after - start).max() > 1e-4  # the step moved the weights
+
+
+def test_closing_a_service_client_releases_its_models(server):
+    import json
+    import urllib.error
+    import urllib.request
+
+    own = tinker.ServiceClient(base_url=server.url, api_key="tml-test")
+    client = own.create_lora_training_client(base_model="tiny", rank=4).result()
+    logprobs_of(client, [[1, 2, 3]])
+    own.close("success").result()  # POST /api/v1/sessions/ID/finish
+    ask = urllib.request.Request(f"{server.url}/api/v1/get_info", method="POST",
+                                 data=json.dumps({"model_id": client.model_id}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(ask, timeout=30)
+    assert caught.value.code == 404
+    assert "unknown model" in json.loads(caught.value.read())["detail"]
 
 
 def test_errors_reach_the_sdk_as_one_clear_message(service):

@@ -93,8 +93,9 @@ def cookbook_env(tiny_model_dir, tmp_path_factory):
     _seed_hub_model(root / "hf" / "hub", folder)
     datasets_cache = root / "hf" / "datasets"
     datasets_cache.mkdir(parents=True)
+    # 128 rows: sl_basic's data set builder fixes its batch size at 128.
     chats = [[{"role": "user", "content": q}, {"role": "assistant", "content": a}]
-             for q, a in QUESTIONS * 3]
+             for q, a in QUESTIONS * 64]
     _seed_dataset(datasets_cache, "HuggingFaceH4/no_robots", "default",
                   {"train": {"messages": chats}, "test": {"messages": chats[:2]}})
     _seed_dataset(datasets_cache, "openai/gsm8k", "main",
@@ -125,6 +126,17 @@ def test_cookbook_sl_loop_runs_unmodified(cookbook_env):
     assert len(nll) == 3 and all(v > 0 for v in nll)
     checkpoints = (root / "sl" / "checkpoints.jsonl").read_text()
     assert "tinker://" in checkpoints and "final" in checkpoints
+
+
+def test_cookbook_sl_basic_runs_unmodified(cookbook_env):
+    """The full supervised trainer (supervised/train.py): one step of 128 conversations, a
+    final checkpoint, and ServiceClient.close() at the end (the session's models released)."""
+    url, env, root = cookbook_env
+    metrics = _run_recipe("tinker_cookbook.recipes.sl_basic",
+                          [f"base_url={url}", f"model_name={MODEL}", "lora_rank=4",
+                           "eval_every=0", "save_every=0"], env, root / "sl-basic")
+    assert [m["num_sequences"] for m in metrics if "num_sequences" in m] == [128]
+    assert "tinker://" in (root / "sl-basic" / "checkpoints.jsonl").read_text()
 
 
 @pytest.mark.parametrize("loss_fn", ["importance_sampling", "gspo"])

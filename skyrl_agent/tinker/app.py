@@ -65,6 +65,7 @@ class TinkerApp:
         app.router.add_get("/api/v1/get_server_capabilities", self.capabilities)
         app.router.add_get("/api/v1/healthz", self.ok)
         app.router.add_get("/api/v1/samplers/{sampler_id}", self.get_sampler)
+        app.router.add_post("/api/v1/sessions/{session_id}/finish", self.finish_session)
         app.on_cleanup.append(lambda _app: self.service.close())
         return app
 
@@ -106,6 +107,12 @@ class TinkerApp:
         # Sessions from before a restart are welcome too: nothing hangs on a session's state.
         await self._body(request, self.types.SessionHeartbeatRequest)
         return web.json_response({"type": "session_heartbeat"})
+
+    async def finish_session(self, request: web.Request) -> web.Response:
+        """ServiceClient.close(): the session's training models are released (their saved
+        checkpoints stay)."""
+        await self.service.finish_session(request.match_info["session_id"])
+        return web.json_response(None)
 
     async def capabilities(self, request: web.Request) -> web.Response:
         return web.json_response(self.service.capabilities())

@@ -58,6 +58,19 @@ class TinkerService:
     def create_session(self) -> str:
         return uuid.uuid4().hex[:16]
 
+    async def finish_session(self, session_id: str) -> None:
+        """Release the session's training models, after the requests already sent to them."""
+        prefix = f"{session_id}:train:"
+        for model_id in [m for m in self.models if m.startswith(prefix)]:
+            model = self.models.pop(model_id)
+            self._creating.pop(model_id, None)
+
+            async def close(model: TrainingModel = model) -> Result:
+                return await self._in_worker(lambda: _closed(model))
+
+            await model.order.run(None, close)
+            log.info("model %s released (session finished)", model_id)
+
     def capabilities(self) -> dict[str, Any]:
         return {"supported_models": [
             {"model_name": b.name, "max_context_length": b.max_context, "trainable": True,
@@ -225,6 +238,11 @@ class TinkerService:
             return SamplerRef(base_model=checkpoint.spec.base_model, model_path=model_path,
                               weights=str(checkpoint.path / "weights.safetensors"))
         return SamplerRef(base_model=self.bases.get(base_model).name)
+
+
+def _closed(model: TrainingModel) -> Result:
+    model.backend.close()
+    return Result(json=None)
 
 
 async def _fail(message: str) -> Result:
