@@ -45,6 +45,10 @@ def tensor_names(path: Path) -> set[str]:
         return set(handle.keys())
 
 
+PARTIAL = "\0partial"
+"""The key of a model copy whose last load did not finish."""
+
+
 @dataclass
 class LoadedWeights:
     """Which weights a model copy holds, and which parameters differ from the base."""
@@ -53,8 +57,10 @@ class LoadedWeights:
     """The sampler file loaded last (None: the base weights)."""
     dirty: frozenset[str] = frozenset()
 
-    def plan(self, target: Path | None, base_files: Sequence[Path]) -> list[Path]:
-        """Files to load, in order, so that the copy holds exactly `target`."""
+    def plan(self, target: Path | None, base_files: Sequence[Path],
+             ) -> tuple[list[Path], LoadedWeights]:
+        """Files to load, in order, so that the copy holds exactly `target`, and what it holds
+        once they are loaded (the caller keeps that only when every load succeeded)."""
         names = frozenset(tensor_names(target)) if target else frozenset()
         files: list[Path] = []
         dirty = self.dirty
@@ -64,8 +70,12 @@ class LoadedWeights:
         if target is not None:
             files.append(target)
             dirty = dirty | names
-        self.key, self.dirty = (str(target) if target else None), dirty
-        return files
+        return files, LoadedWeights(str(target) if target else None, dirty)
+
+    def interrupted(self, loaded: LoadedWeights) -> LoadedWeights:
+        """The state while a load is under way (or after it failed): no known file, and every
+        name either side touches counted as changed, so the next load starts from the base."""
+        return LoadedWeights(PARTIAL, self.dirty | loaded.dirty)
 
 
 class WeightsGate:
@@ -73,6 +83,7 @@ class WeightsGate:
 
     def __init__(self) -> None:
         self.current: str | None = None
+        """The key of the weights on the server (None: the base)."""
         self.active = 0
         self._changed = asyncio.Condition()
 
@@ -83,6 +94,7 @@ class WeightsGate:
             while self.current != key and self.active:
                 await self._changed.wait()
             if self.current != key:
+                self.current = PARTIAL  # a load that fails half-way forces the next to reload
                 await load()
                 self.current = key
             self.active += 1
@@ -157,9 +169,12 @@ class Sampler:
             return self._client
 
     async def _load_server(self, client: InferenceClient, weights: Path | None) -> None:
-        for path in self._server_weights.plan(weights, self.base_files):
+        files, loaded = self._server_weights.plan(weights, self.base_files)
+        self._server_weights = self._server_weights.interrupted(loaded)
+        for path in files:
             self._version += 1
             await client.update_weights(str(path), self._version)
+        self._server_weights = loaded
 
     async def _score(self, weights: Path | None, prompt: list[int]) -> list[float]:
         if len(prompt) < 2:
@@ -176,12 +191,14 @@ class Sampler:
         if self._scorer is None:
             self._scorer = TorchBackend(self.base.folder)
         if self._scorer_weights.key != (str(weights) if weights else None):
-            files = self._scorer_weights.plan(weights, self.base_files)
+            files, loaded = self._scorer_weights.plan(weights, self.base_files)
+            self._scorer_weights = self._scorer_weights.interrupted(loaded)
             params = dict(self._scorer.model.named_parameters())
             for path in files:
                 for name, tensor in load_file(path).items():
                     if name in params:
                         params[name].data.copy_(tensor)
+            self._scorer_weights = loaded
         datum = Datum(tuple(prompt[:-1]), {"target_tokens": tuple(map(float, prompt[1:]))})
         (logprobs,) = self._scorer.forward([datum])
         return [math.nan, *logprobs]
