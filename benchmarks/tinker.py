@@ -7,12 +7,14 @@ machine, and never at the same time:
   (a) in-process: `TorchBackend.forward_backward` then `optim_step`;
   (b) through the SDK: `TrainingClient.forward_backward` then `optim_step` (submitted before
       the first finishes, as the cookbook does), waiting for both results each step.
-Each row is the median step time over STEPS steps of each after WARMUP warm-up steps of each;
+A second row per model times an optimizer step alone with learning rate 0 (no gradient to
+apply): the bare round trip. Each row is the median over STEPS steps of each after WARMUP
+warm-up steps of each;
 ratio = (b)/(a) is the protocol's cost per step (HTTP, protobuf both ways, futures and
 long-poll, the server's worker thread). Models: SmolLM2-135M (the default; compute
 dominates) and a tiny random Llama over a character vocabulary (the per-call overhead alone).
 
-Run: .venv/bin/python benchmarks/tinker.py   (a few minutes on 2 cores)
+Run: .venv/bin/python benchmarks/tinker.py [--only tiny]   (minutes on 2 cores)
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ def medians(step_a: Callable[[], None], step_b: Callable[[], None]) -> tuple[flo
     return statistics.median(times[0]), statistics.median(times[1])
 
 
-def in_process(folder: Path, sequences: list[list[int]]) -> tuple[Callable[[], None], Any]:
+def in_process(folder: Path, sequences: list[list[int]],
+               ) -> tuple[Callable[[], None], Callable[[], None], Any]:
     backend = TorchBackend(folder, lora=LoraSettings(rank=RANK), seed=0)
     data = [Datum(tuple(s[:-1]), {"target_tokens": tuple(map(float, s[1:])),
                                   "weights": (1.0,) * (len(s) - 1)}) for s in sequences]
@@ -67,10 +70,15 @@ def in_process(folder: Path, sequences: list[list[int]]) -> tuple[Callable[[], N
         backend.forward_backward(data, "cross_entropy")
         backend.optim_step(AdamParams(learning_rate=LR))
 
-    return step, backend
+    def optim_only() -> None:
+        backend.optim_step(AdamParams(learning_rate=0.0))
+
+    return step, optim_only, backend
 
 
-def through_sdk(url: str, name: str, sequences: list[list[int]]) -> Callable[[], None]:
+def through_sdk(url: str, name: str, sequences: list[list[int]],
+                ) -> tuple[Callable[[], None], Callable[[], None]]:
+    """The SDK's training step, and an optimizer step alone (a protocol round trip)."""
     import tinker
     from tinker import types
 
@@ -87,11 +95,20 @@ def through_sdk(url: str, name: str, sequences: list[list[int]]) -> Callable[[],
         fwd_bwd.result()
         optim.result()
 
-    return step
+    def optim_only() -> None:
+        client.optim_step(types.AdamParams(learning_rate=0.0)).result()
+
+    return step, optim_only
 
 
 def main() -> None:
+    import argparse
+
     import torch
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=sorted(SHAPES), help="Measure one model only.")
+    only = parser.parse_args().only
 
     # This file's own folder would shadow the `tinker` package: the repository goes there.
     sys.path[0] = str(Path(__file__).resolve().parents[1])
@@ -101,6 +118,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="skyrl-bench-tinker-"))
     folders = {"smollm2-135m": resolve_model("smollm2-135m"),
                "tiny": char_model_dir(work / "tiny", hidden=32, layers=1)}
+    folders = {k: v for k, v in folders.items() if only in (None, k)}
     cli = str(Path(sys.executable).parent / "skyrl-agent")
     argv = [cli, "tinker-serve", "--port", "0", "--data-dir", str(work / "data")]
     for name, folder in folders.items():
@@ -110,20 +128,23 @@ def main() -> None:
     print(f"torch threads {torch.get_num_threads()}, cores {os.cpu_count()}, "
           f"load {os.getloadavg()[0]:.1f} at the start")
     print("| model | batch | (a) in-process s/step | (b) SDK s/step | (b)/(a) | "
-          "SDK overhead ms/step |")
-    print("|---|---|---:|---:|---:|---:|")
+          "SDK overhead ms/step | load |")
+    print("|---|---|---:|---:|---:|---:|---:|")
     try:
         for name, folder in folders.items():
             rows, length = SHAPES[name]
             vocab = int(__import__("json").loads((folder / "config.json").read_text())
                         ["vocab_size"])
             sequences = batch(vocab, rows, length)
-            direct_step, backend = in_process(folder, sequences)
-            direct, sdk = medians(direct_step, through_sdk(server.url or "", name, sequences))
+            direct_step, direct_optim, backend = in_process(folder, sequences)
+            sdk_step, sdk_optim = through_sdk(server.url or "", name, sequences)
+            rows_out = [(f"{rows}x{length}", *medians(direct_step, sdk_step)),
+                        ("optim_step alone", *medians(direct_optim, sdk_optim))]
             backend.close()
-            print(f"| {name} | {rows}x{length} | {direct:.4f} | {sdk:.4f} | "
-                  f"**{sdk / direct:.2f}** | {1000 * (sdk - direct):.1f} |  load "
-                  f"{os.getloadavg()[0]:.1f}", flush=True)
+            for label, direct, sdk in rows_out:
+                print(f"| {name} | {label} | {direct:.4f} | {sdk:.4f} | "
+                      f"**{sdk / direct:.2f}** | {1000 * (sdk - direct):.1f} | "
+                      f"{os.getloadavg()[0]:.1f} |", flush=True)
     finally:
         server.stop()
 

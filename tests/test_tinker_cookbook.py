@@ -8,6 +8,24 @@ Qwen's, so the recipe's own qwen3 renderer works on it), and small `HuggingFaceH
 and `openai/gsm8k` tables in the `datasets` cache. The server serves the same folder under that
 name. The tiny model is first taught to answer `\\boxed{5}` or `\\boxed{8}` (half each), so the
 RL recipe's rewards differ within a group and it takes real training steps.
+
+Which recipes of tinker-cookbook 0.6.1 run against the server, and why the others do not:
+- run (tested here): `recipes/sl_loop.py`; `recipes/rl_loop.py` with `loss_fn` set to
+  `importance_sampling` or `gspo` (and `cispo`, the same path); `recipes/sl_basic.py` (the full
+  supervised trainer, which also closes its session at the end).
+- `recipes/rl_basic.py` (the full RL trainer) starts and samples, but its data set builder fixes
+  128 problems x 16 samples a step and the command line cannot change a built value: one step
+  did not finish in 400 s on 2 cores. Not CPU-sized, so not run here.
+- `rl_loop.py`'s default `loss_fn=stable_reinforce`, and `math_rl` / `rubric` when set to it:
+  a Tinker-internal loss over the sampler's recorded stability data; not implemented.
+- `distillation/sdft.py` and off-policy distillation: need `topk_prompt_logprobs`; refused.
+- `vlm_classifier`, `audio`: image and audio inputs; refused (text chunks only).
+- `code_rl`, `harbor_rl`, `search_tool`, `verifiers_rl`: need code sandboxes, a search index or
+  outside services; not run.
+- The rest (`chat_sl`, `math_rl`, `preference` (DPO through forward_backward_custom, which the
+  server supports), on-policy `distillation`, `prompt_distillation`, `multiplayer_rl`,
+  `forecasting`, `decisions`, `true_thinking_score`, `rl_numerics_check`): use calls the server
+  has, but each needs its own hub data sets or bigger models; not run end to end here.
 """
 
 from __future__ import annotations
