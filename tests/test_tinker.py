@@ -160,6 +160,32 @@ def test_models_on_one_server_are_isolated_and_base_sampling_sees_base_weights(s
                                atol=1e-3)
 
 
+def test_a_batch_the_sdk_splits_into_parallel_chunks_is_applied_in_seq_id_order(service):
+    """Over 1,024 datums the SDK sends chunks in parallel, the first chunk last, and the
+    optimizer step right behind them: the server must run them in seq_id order."""
+    assert service.get_server_capabilities().supported_models[0].model_name == "tiny"
+    client = service.create_lora_training_client(base_model="tiny", rank=4, seed=5).result()
+    reference = service.create_lora_training_client(base_model="tiny", rank=4, seed=5).result()
+    sequences = [[10 + i % 50, 11 + i % 40, 12 + i % 30, 13] for i in range(1100)]
+    weights = [1.0, 1.0, 1.0]
+    chunked = client.forward_backward([datum(s, weights=weights) for s in sequences],
+                                      "cross_entropy")
+    client.optim_step(types.AdamParams(learning_rate=1e-2))
+    out = chunked.result()
+    assert len(out.loss_fn_outputs) == len(sequences)
+    before = np.concatenate(logprobs_of(reference, sequences))
+    got = np.concatenate([o["logprobs"].to_numpy() for o in out.loss_fn_outputs])
+    np.testing.assert_allclose(got, before, atol=1e-5)  # both chunks ran before the step
+    assert out.metrics["loss:sum"] == pytest.approx(-before.sum(), rel=1e-5)
+    # The same step in one request per half gives the same weights.
+    for half in (sequences[:550], sequences[550:]):
+        reference.forward_backward([datum(s, weights=weights) for s in half], "cross_entropy")
+    reference.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    probe = sequences[:20]
+    for a, b in zip(logprobs_of(client, probe), logprobs_of(reference, probe), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
 def test_custom_loss_runs_through_forward_and_real_valued_weights(service):
     """forward_backward_custom: the SDK runs forward, differentiates the loss itself and sends
     weights = -dC/dlogp with cross_entropy, so real-valued weights must scale each token's
