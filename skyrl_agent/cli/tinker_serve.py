@@ -10,7 +10,8 @@ import typer
 
 def tinker_serve(
     model: Annotated[list[str] | None, typer.Option(
-        help="Base model: a built-in name, a local Hugging Face folder, or NAME=FOLDER to serve "
+        help="Base model (default smollm2-135m): a built-in name, a local Hugging Face folder, "
+             "or NAME=FOLDER to serve "
              "a folder under the name clients ask for (e.g. Qwen/Qwen3-8B=./tiny). Repeat for "
              "several.")] = None,
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
