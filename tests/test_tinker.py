@@ -123,8 +123,10 @@ def test_sdk_trains_every_loss_saves_loads_and_samples_the_trained_weights(servi
 def _check_sample_matches(client, sampler, prompt):
     params = types.SamplingParams(max_tokens=12, temperature=1.0, seed=7)
     result = sampler.sample(types.ModelInput.from_ints(prompt), num_samples=3,
-                            sampling_params=params, include_prompt_logprobs=True).result()
+                            sampling_params=params, include_prompt_logprobs=True,
+                            topk_prompt_logprobs=3).result()
     assert len(result.sequences) == 3
+    _check_topk(result.topk_prompt_logprobs, result.prompt_logprobs, prompt)
     assert len({tuple(s.tokens) for s in result.sequences}) > 1  # seeds differ per sample
     assert result.prompt_logprobs[0] is None  # position 0 has no context (NaN on the wire)
     for seq in result.sequences:
@@ -135,6 +137,25 @@ def _check_sample_matches(client, sampler, prompt):
         np.testing.assert_allclose(np.asarray(result.prompt_logprobs[1:], dtype=np.float64),
                                    forward[: len(prompt) - 1], atol=1e-3)
     return result
+
+
+def _check_topk(topk, prompt_logprobs, prompt) -> None:
+    """The k likeliest next tokens at each prompt position, consistent with the logprob of
+    the token that was there: it is at most the best, and equal to its own entry if listed."""
+    assert len(topk) == len(prompt) and topk[0] is None
+    hits = 0
+    for position in range(1, len(prompt)):
+        entries = topk[position]
+        values = [lp for _, lp in entries]
+        assert len(entries) == 3 and values == sorted(values, reverse=True)
+        assert np.logaddexp.reduce(values) <= 1e-5  # probabilities sum to at most 1
+        actual = prompt_logprobs[position]
+        assert actual <= values[0] + 1e-4
+        listed = dict(entries)
+        if prompt[position] in listed:
+            assert listed[prompt[position]] == pytest.approx(actual, abs=1e-4)
+            hits += 1
+    assert hits > 0  # the trained prompt's own tokens are among the likeliest somewhere
 
 
 def test_models_on_one_server_are_isolated_and_base_sampling_sees_base_weights(service):

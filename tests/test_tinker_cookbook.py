@@ -18,7 +18,8 @@ Which recipes of tinker-cookbook 0.6.1 run against the server, and why the other
   did not finish in 400 s on 2 cores. Not CPU-sized, so not run here.
 - `rl_loop.py`'s default `loss_fn=stable_reinforce`, and `math_rl` / `rubric` when set to it:
   a Tinker-internal loss over the sampler's recorded stability data; not implemented.
-- `distillation/sdft.py` and off-policy distillation: need `topk_prompt_logprobs`; refused.
+- `distillation/sdft.py` and off-policy distillation: use `topk_prompt_logprobs`, which the
+  server has (tested in test_tinker.py); not run (hub data sets, a teacher model).
 - `vlm_classifier`, `audio`: image and audio inputs; refused (text chunks only).
 - `code_rl`, `harbor_rl`, `search_tool`, `verifiers_rl`: need code sandboxes, a search index or
   outside services; not run.

@@ -151,8 +151,11 @@ class SampledSequence:
 
 
 def encode_sample(sequences: Sequence[SampledSequence],
-                  prompt_logprobs: Sequence[float] | None, cached_tokens: int = 0) -> bytes:
-    """A SampleResponse: sampled tokens and logprobs, and prompt logprobs if asked."""
+                  prompt_logprobs: Sequence[float] | None,
+                  topk: tuple[np.ndarray, np.ndarray] | None = None,
+                  cached_tokens: int = 0) -> bytes:
+    """A SampleResponse: sampled tokens and logprobs, and prompt logprobs (top-k too) if
+    asked."""
     pb = public_pb()
     reasons = {"stop": pb.STOP_REASON_STOP, "length": pb.STOP_REASON_LENGTH}
     message = pb.SampleResponse(prompt_cache_hit_tokens=cached_tokens)
@@ -163,4 +166,10 @@ def encode_sample(sequences: Sequence[SampledSequence],
     if prompt_logprobs is not None:
         message.prompt_logprobs = np.asarray(
             [math.nan if v is None else v for v in prompt_logprobs], dtype=np.float32).tobytes()
+    if topk is not None:
+        ids, logprobs = topk
+        message.topk_prompt_logprobs.CopyFrom(pb.TopkLogprobs(
+            token_ids=np.ascontiguousarray(ids, dtype=np.int32).tobytes(),
+            logprobs=np.ascontiguousarray(logprobs, dtype=np.float32).tobytes(),
+            k=int(ids.shape[1]), length=int(ids.shape[0])))
     return bytes(message.SerializeToString())

@@ -127,8 +127,10 @@ class Sampler:
         self._version = 0
 
     async def sample(self, weights: Path | None, prompt: list[int], sampling: Sampling, n: int,
-                     prompt_logprobs: bool) -> tuple[list[SampledSequence], list[float] | None]:
-        """n samples of `prompt` under `weights` (None: the base), and its prompt logprobs."""
+                     prompt_logprobs: bool, topk: int = 0,
+                     ) -> tuple[list[SampledSequence], PromptScores | None]:
+        """n samples of `prompt` under `weights` (None: the base), and its prompt logprobs
+        (with the top `topk` at each position) when asked."""
         if weights is not None and not await asyncio.to_thread(weights.is_file):
             raise TinkerUserError("these sampler weights are gone (ephemeral weights are "
                                   "kept for the newest few saves only)")
@@ -143,7 +145,8 @@ class Sampler:
                 if 400 <= exc.status < 500:
                     raise TinkerUserError(exc.message) from None
                 raise
-            scored = await self._score(weights, prompt) if prompt_logprobs else None
+            scored = await self._score(weights, prompt, topk) \
+                if prompt_logprobs or topk else None
         sequences = [SampledSequence(c.token_ids, c.logprobs,
                                      "length" if c.finish_reason == "length" else "stop")
                      for c in completions]
@@ -176,14 +179,15 @@ class Sampler:
             await client.update_weights(str(path), self._version)
         self._server_weights = loaded
 
-    async def _score(self, weights: Path | None, prompt: list[int]) -> list[float]:
+    async def _score(self, weights: Path | None, prompt: list[int], topk: int) -> PromptScores:
         if len(prompt) < 2:
-            return [math.nan] * len(prompt)
+            return PromptScores([math.nan] * len(prompt), _top(None, prompt, topk))
         async with self._scorer_lock:
             loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self.executor, self._score_sync, weights, prompt)
+            return await loop.run_in_executor(self.executor, self._score_sync, weights, prompt,
+                                              topk)
 
-    def _score_sync(self, weights: Path | None, prompt: list[int]) -> list[float]:
+    def _score_sync(self, weights: Path | None, prompt: list[int], topk: int) -> PromptScores:
         from safetensors.torch import load_file
 
         from skyrl_agent.trainers.torch_backend import TorchBackend
@@ -200,8 +204,38 @@ class Sampler:
                         params[name].data.copy_(tensor)
             self._scorer_weights = loaded
         datum = Datum(tuple(prompt[:-1]), {"target_tokens": tuple(map(float, prompt[1:]))})
-        (logprobs,) = self._scorer.forward([datum])
-        return [math.nan, *logprobs]
+        (logprobs,) = self._scorer.forward([datum])  # the training forward's own code path
+        return PromptScores([math.nan, *logprobs], _top(self._scorer, prompt, topk))
+
+
+@dataclass(frozen=True)
+class PromptScores:
+    """What a sample request asked about its prompt."""
+
+    logprobs: list[float]
+    """Per prompt position, log p(token | the tokens before it); NaN at position 0."""
+    topk: tuple[Any, Any] | None = None
+    """Token ids (int32) and logprobs (float32), each [len(prompt), k]: the k likeliest next
+    tokens at each position, Tinker's sentinel (id 0, logprob -99999) in row 0."""
+
+
+def _top(scorer: Any, prompt: list[int], k: int) -> tuple[Any, Any] | None:
+    import numpy as np
+    import torch
+
+    if not k:
+        return None
+    ids = np.zeros((len(prompt), k), dtype=np.int32)
+    logprobs = np.full((len(prompt), k), -99999.0, dtype=np.float32)
+    if scorer is not None and len(prompt) > 1:
+        with torch.no_grad():
+            inputs = torch.tensor([prompt[:-1]], device=scorer.device)
+            logp_TV = scorer.model(input_ids=inputs).logits.float()[0].log_softmax(-1)
+            top = logp_TV.topk(min(k, logp_TV.shape[-1]), dim=-1)
+        width = top.indices.shape[-1]
+        ids[1:, :width] = top.indices.cpu().numpy()
+        logprobs[1:, :width] = top.values.cpu().numpy()
+    return ids, logprobs
 
 
 def _with_seed(sampling: Sampling, seed: int | None) -> Sampling:

@@ -30,6 +30,7 @@ from skyrl_agent.trainers.backend import AdamParams
 
 log = logging.getLogger(__name__)
 MAX_SAMPLES = 64
+MAX_TOPK = 100
 
 
 class TinkerService:
@@ -176,8 +177,12 @@ class TinkerService:
         async def run() -> Result:
             sequences, scored = await sampler.sample(weights, prompt, sampling,
                                                      request.num_samples,
-                                                     bool(request.prompt_logprobs))
-            return Result(proto=encode_sample(sequences, scored))
+                                                     bool(request.prompt_logprobs),
+                                                     request.topk_prompt_logprobs)
+            if scored is None:
+                return Result(proto=encode_sample(sequences, None))
+            logprobs = scored.logprobs if request.prompt_logprobs else None
+            return Result(proto=encode_sample(sequences, logprobs, scored.topk))
 
         request_id = self.futures.submit("Sample", run())
         return request_id, [f"{request_id}:{i}" for i in range(request.num_samples)]
@@ -252,8 +257,10 @@ async def _fail(message: str) -> Result:
 def _check_sample_request(request: Any) -> None:
     if not 1 <= request.num_samples <= MAX_SAMPLES:
         raise TinkerUserError(f"num_samples must be 1..{MAX_SAMPLES}")
-    unsupported = [name for name in ("topk_prompt_logprobs", "topk_sample_logprobs",
-                                     "prompt_alt_tokens_k") if getattr(request, name, 0)]
+    if not 0 <= request.topk_prompt_logprobs <= MAX_TOPK:
+        raise TinkerUserError(f"topk_prompt_logprobs must be 0..{MAX_TOPK}")
+    unsupported = [name for name in ("topk_sample_logprobs", "prompt_alt_tokens_k")
+                   if getattr(request, name, 0)]
     unsupported += [name for name in ("target_prompt_logprobs", "prompt_logprobs_last_n")
                     if getattr(request, name, None) is not None]
     if unsupported:
