@@ -64,6 +64,7 @@ def test_checkpoints_and_sampling_sessions_survive_a_kill_and_the_sdk_rides_the_
         with pytest.raises(tinker.RequestFailedError, match="restarted"):
             client.forward_backward([datum(seq, weights=[1] * (len(seq) - 1))],
                                     "cross_entropy").result()
+        service.close("success").result()
     finally:
         restarter.join()
         second = holder.get("second")
