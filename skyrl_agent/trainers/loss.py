@@ -47,6 +47,8 @@ class LossConfig(BaseModel):
     mask_low: float = Field(default=0.5, gt=0)
     mask_high: float = Field(default=2.0, gt=0)
     """MIS and icepop: ratios outside [mask_low, mask_high] are masked."""
+    beta: float = Field(default=0.05, ge=0)
+    """DRO only: weight of the quadratic log-ratio penalty (Tinker's `beta`)."""
     kl_coef: float = Field(default=0.0, ge=0)
     """Weight of the KL penalty to the reference policy (0 = none; needs ref logprobs)."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
@@ -83,8 +85,10 @@ def micro_batch_loss(loss_fn: str, config: LossConfig, batch: MicroBatch,
     """This micro-batch's share of the batch loss, and its metrics."""
     mask_BT = batch.weights_BT
     if loss_fn == "cross_entropy":
+        # Weights scale each token's loss (Tinker's -logp * weights; 0/1 masks are the usual
+        # case, real values are how a client-side custom loss sends its gradient).
         ce_BT, ce_metrics = cross_entropy_loss(batch.logprobs_BT, mask_BT)
-        return (ce_BT * batch.reduction_BT).sum(), dict(ce_metrics)
+        return (ce_BT * mask_BT * batch.reduction_BT).sum(), dict(ce_metrics)
     if loss_fn not in POLICY_LOSSES:
         raise ValueError(f"unknown loss_fn {loss_fn!r}; known: {', '.join(LOSS_FNS)}")
     trainer_BT = batch.logprobs_BT.detach()
@@ -96,12 +100,8 @@ def micro_batch_loss(loss_fn: str, config: LossConfig, batch: MicroBatch,
         old_BT = trainer_BT
         correction_BT, metrics = _correction(config, trainer_BT, batch.sampler_logprobs_BT,
                                              mask_BT)
-    clip = {k: v for k, v in (("clip_low", config.clip_low), ("clip_high", config.clip_high))
-            if v is not None}
-    if loss_fn == "ppo" and config.dual_clip is not None:
-        clip["dual_clip"] = config.dual_clip
     loss_BT, policy_metrics = POLICY_LOSSES[loss_fn](
-        batch.logprobs_BT, old_BT, batch.advantages_BT, mask_BT, **clip)
+        batch.logprobs_BT, old_BT, batch.advantages_BT, mask_BT, **_loss_settings(loss_fn, config))
     metrics.update(policy_metrics)
     loss_BT = loss_BT * correction_BT
     if config.kl_coef > 0:
@@ -111,6 +111,17 @@ def micro_batch_loss(loss_fn: str, config: LossConfig, batch: MicroBatch,
         loss_BT = loss_BT + config.kl_coef * kl_BT
         metrics["kl_ref"] = _masked_mean(kl_BT.detach(), mask_BT)
     return (loss_BT * batch.reduction_BT).sum(), metrics
+
+
+def _loss_settings(loss_fn: str, config: LossConfig) -> dict[str, float]:
+    """The keyword settings `loss_fn` takes from the config: clip bounds, or DRO's beta."""
+    if loss_fn == "dro":
+        return {"beta": config.beta}
+    settings = {k: v for k, v in (("clip_low", config.clip_low), ("clip_high", config.clip_high))
+                if v is not None}
+    if loss_fn == "ppo" and config.dual_clip is not None:
+        settings["dual_clip"] = config.dual_clip
+    return settings
 
 
 def _correction(config: LossConfig, trainer_BT: torch.Tensor, sampler_BT: torch.Tensor,

@@ -166,7 +166,7 @@ class TorchBackend:
             shutil.rmtree(path)
         os.replace(staging, path)
 
-    def load_state(self, path: Path) -> TrainingState:
+    def load_state(self, path: Path, optimizer: bool = True) -> TrainingState:
         path = Path(path)
         weights = load_file(path / "weights.safetensors")
         missing = set(self.params) - set(weights)
@@ -176,6 +176,11 @@ class TorchBackend:
         with torch.no_grad():
             for name, param in self.params.items():
                 param.copy_(weights[name])
+        if not optimizer:
+            self.optimizer.state.clear()
+            self.optimizer.zero_grad(set_to_none=True)
+            state = json.loads((path / "state.json").read_text())
+            return TrainingState(step=self.step, data_position=int(state["data_position"]))
         saved = torch.load(path / "optimizer.pt", weights_only=False)
         self.optimizer.load_state_dict(saved["optimizer"])
         _set_rng_state(saved["rng"])

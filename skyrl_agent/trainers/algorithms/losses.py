@@ -103,6 +103,25 @@ def importance_sampling_loss(logprobs_BT: torch.Tensor, old_logprobs_BT: torch.T
     return -ratio * advantages_BT.detach(), {}
 
 
+def dro_loss(logprobs_BT: torch.Tensor, old_logprobs_BT: torch.Tensor,
+             advantages_BT: torch.Tensor, mask_BT: torch.Tensor, beta: float = 0.05,
+             ) -> LossOutput:
+    """DRO, Direct Reward Optimization (Richemond et al. 2024, "Offline Regularised
+    Reinforcement Learning for Large Language Models Alignment"; the per-token form Kimi k1.5
+    uses, Kimi Team 2025): a policy gradient on log p with a quadratic penalty on the log-ratio
+    to the sampler instead of a clip, so it stays well-defined off-policy:
+        loss = -(logp * A - beta / 2 * (logp - old)^2)
+    The soft advantages the paper pairs it with are the caller's to compute. Metric
+    log_ratio_sq: mean of (logp - old)^2 over the masked-in tokens."""
+    if beta < 0:
+        raise ValueError(f"beta must be >= 0, got {beta}")
+    log_ratio = _log_ratio(logprobs_BT, old_logprobs_BT)
+    loss = -(logprobs_BT * advantages_BT.detach() - 0.5 * beta * log_ratio.square())
+    keep = (mask_BT != 0).to(loss.dtype)
+    squared = float((log_ratio.detach().square() * keep).sum() / keep.sum().clamp(min=1))
+    return loss, {"log_ratio_sq": squared}
+
+
 def cross_entropy_loss(logprobs_BT: torch.Tensor, mask_BT: torch.Tensor) -> LossOutput:
     """Supervised negative log-likelihood: loss = -logp (weights come with the reduction)."""
     return -logprobs_BT, {}
@@ -113,6 +132,7 @@ POLICY_LOSSES: dict[str, PolicyLoss] = {
     "gspo": gspo_loss,
     "cispo": cispo_loss,
     "importance_sampling": importance_sampling_loss,
+    "dro": dro_loss,
 }
 """Policy losses by name; each is called as
 `fn(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, **config)`."""

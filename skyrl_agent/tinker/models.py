@@ -1,0 +1,64 @@
+"""The training models clients create on the server's base models.
+
+Each training model is its own torch backend (its
+own weights, adapters, optimizer and order of requests), so models never see each other's
+state; what they share is one worker thread, because two backward passes at once on the same
+cores only slow each other down.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from skyrl_agent.tinker.config import BaseInfo
+from skyrl_agent.tinker.errors import TinkerUserError
+from skyrl_agent.tinker.ordering import SeqOrder
+from skyrl_agent.tinker.store import ModelSpec
+from skyrl_agent.trainers.backend import TrainerBackend
+
+ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP = ("gate_proj", "up_proj", "down_proj")
+UNEMBED = ("lm_head",)
+
+
+def lora_spec(base: BaseInfo, rank: int, train_mlp: bool = True, train_attn: bool = True,
+              train_unembed: bool = True) -> ModelSpec:
+    """Tinker's LoRA config as a ModelSpec. With tied embeddings the unembedding is the
+    embedding table, and an adapter on it would change the model's inputs too: left out."""
+    if rank < 1:
+        raise TinkerUserError(f"LoRA rank must be >= 1, got {rank}")
+    targets = (ATTENTION if train_attn else ()) + (MLP if train_mlp else ())
+    if train_unembed and not base.tied_embeddings:
+        targets += UNEMBED
+    if not targets:
+        raise TinkerUserError("LoRA needs at least one of train_mlp, train_attn, train_unembed "
+                              "(train_unembed alone does not apply: this model ties embeddings)")
+    return ModelSpec(base_model=base.name, lora_rank=rank, target_modules=targets)
+
+
+@dataclass
+class TrainingModel:
+    """A client's training model."""
+
+    model_id: str
+    spec: ModelSpec
+    base: BaseInfo
+    backend: TrainerBackend
+    order: SeqOrder = field(default_factory=SeqOrder)
+    seen: dict[int, str] = field(default_factory=dict)
+    """seq_id -> request id: a request the client sent again gets the first one's future."""
+    saves: int = 0
+    """Sampler-weight versions handed out so far."""
+
+
+def make_backend(base: BaseInfo, spec: ModelSpec, seed: int | None,
+                 micro_batch_tokens: int) -> Any:
+    """A torch backend for `spec` (heavy imports here, on the worker thread)."""
+    from skyrl_agent.trainers.torch_backend import TorchBackend
+    from skyrl_agent.trainers.torch_model import LoraSettings
+
+    lora = None if spec.lora_rank is None else LoraSettings(
+        rank=spec.lora_rank, alpha=spec.lora_alpha, target_modules=spec.target_modules)
+    return TorchBackend(base.folder, lora=lora, seed=seed or 0,
+                        micro_batch_tokens=micro_batch_tokens)
