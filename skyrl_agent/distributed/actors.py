@@ -185,8 +185,8 @@ class TrainerActor:
     def save_state(self, path: Path, data_position: int = 0) -> None:
         self.backend.save_state(path, data_position)
 
-    def load_state(self, path: Path) -> TrainingState:
-        return self.backend.load_state(path)
+    def load_state(self, path: Path, optimizer: bool = True) -> TrainingState:
+        return self.backend.load_state(path, optimizer)
 
     def save_weights_for_sampler(self, version: int) -> WeightUpdate:
         return self.backend.save_weights_for_sampler(version)

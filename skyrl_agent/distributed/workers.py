@@ -108,8 +108,8 @@ class RemoteBackend:
     def save_state(self, path: Path, data_position: int = 0) -> None:
         ray.get(self.actor.save_state.remote(path, data_position))
 
-    def load_state(self, path: Path) -> TrainingState:
-        state: TrainingState = ray.get(self.actor.load_state.remote(path))
+    def load_state(self, path: Path, optimizer: bool = True) -> TrainingState:
+        state: TrainingState = ray.get(self.actor.load_state.remote(path, optimizer))
         self.step = state.step
         return state
 
