@@ -1,7 +1,8 @@
 """The actors of a Ray run: plain classes, made remote by workers.py with their placement.
 
 Each wraps the one-process part it stands for, so the behaviour is the same code; only the calls
-cross processes. Arguments and results travel by Ray's serialization (frozen dataclasses).
+cross processes. Arguments and results travel by Ray's serialization (frozen dataclasses). Only
+the trainer's process imports torch (the others would pay its memory for nothing).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from skyrl_agent.agents.base import Agent
 from skyrl_agent.agents.session import SessionConfig
@@ -20,17 +21,18 @@ from skyrl_agent.data.store import StoreContents, TrajectoryStore
 from skyrl_agent.inference.client import Completion, InferenceClient, Sampling
 from skyrl_agent.inference.process import ServerProcess, embedded_server
 from skyrl_agent.tasks.model import TaskSpec
-from skyrl_agent.trainers.backend import (
-    AdamParams,
-    Datum,
-    ForwardBackwardOutput,
-    OptimStepOutput,
-    TrainingState,
-    WeightUpdate,
-)
-from skyrl_agent.trainers.loss import LossConfig
-from skyrl_agent.trainers.settings import make_backend
 from skyrl_agent.types import Trajectory, TrajectoryGroup
+
+if TYPE_CHECKING:  # only the trainer actor's process needs torch
+    from skyrl_agent.trainers.backend import (
+        AdamParams,
+        Datum,
+        ForwardBackwardOutput,
+        OptimStepOutput,
+        TrainingState,
+        WeightUpdate,
+    )
+    from skyrl_agent.trainers.loss import LossConfig
 
 
 class ServerActor:
@@ -166,6 +168,8 @@ class TrainerActor:
     """The trainer backend, in its own process."""
 
     def __init__(self, config: RunConfig) -> None:
+        from skyrl_agent.trainers.settings import make_backend
+
         self.backend = make_backend(config)
 
     def step(self) -> int:
