@@ -9,7 +9,7 @@ from pathlib import Path
 import skyrl_agent
 
 PACKAGE = Path(skyrl_agent.__file__).parent
-LAYER = {"types": 0, "config": 0, "errors": 0, "plugins": 0, "__init__": 0,
+LAYER = {"types": 0, "config": 0, "errors": 0, "plugins": 0, "cache": 0, "__init__": 0,
          "data": 1, "tasks": 1, "inference": 2, "sandboxes": 2, "envs": 3, "agents": 4,
          "collector": 5, "trainers": 6, "evaluation": 7, "cli": 8}
 """Rank of each top-level module or package: a module may import its own rank or lower."""

@@ -15,19 +15,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+from skyrl_agent.cache import cache_dir
 from skyrl_agent.errors import ConfigError
 
 SMOLLM2 = "smollm2-135m"
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BUILTIN_MODELS = (SMOLLM2,)
-
-
-def cache_dir() -> Path:
-    """The project's cache: $SKYRL_AGENT_CACHE, else $XDG_CACHE_HOME/skyrl-agent, else ~/.cache."""
-    if explicit := os.environ.get("SKYRL_AGENT_CACHE"):
-        return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "skyrl-agent"
 
 
 def resolve_model(name_or_path: str | os.PathLike[str]) -> Path:

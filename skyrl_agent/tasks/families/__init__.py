@@ -1,0 +1,33 @@
+"""Generated task families: a generator + a seed -> a Harbor task (see base.py).
+
+Every family's difficulty is a parameter (1 = easiest); `skyrl-agent tasks families` lists them.
+"""
+
+from __future__ import annotations
+
+from skyrl_agent.errors import TaskError
+from skyrl_agent.tasks.families import archive, git, python_bug, text
+from skyrl_agent.tasks.families.base import (
+    HELDOUT_SEEDS,
+    SPLITS,
+    TRAIN_SEEDS,
+    Family,
+    GeneratedTask,
+    split_of,
+    task_name,
+)
+
+FAMILIES: dict[str, Family] = {f.name: f for module in (text, archive, python_bug, git)
+                               for f in module.FAMILIES}
+"""Every built-in family by name."""
+
+
+def family(name: str) -> Family:
+    """The family called `name`; an unknown name lists the known ones."""
+    if name not in FAMILIES:
+        raise TaskError(f"unknown task family {name!r} (families: {', '.join(FAMILIES)})")
+    return FAMILIES[name]
+
+
+__all__ = ["FAMILIES", "HELDOUT_SEEDS", "SPLITS", "TRAIN_SEEDS", "Family", "GeneratedTask",
+           "family", "split_of", "task_name"]
