@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 
 from skyrl_agent import __version__
-from skyrl_agent.cli import agents, evaluate, rollout, serve, sft, tasks, train
+from skyrl_agent.cli import agents, demos, evaluate, rollout, serve, sft, tasks, train
 from skyrl_agent.cli.common import console, err_console
 from skyrl_agent.errors import RunStopped, UserError
 
@@ -25,6 +25,7 @@ app.command()(rollout.rollout)
 app.command("eval")(evaluate.eval_run)
 app.command()(serve.serve)
 app.command()(sft.sft)
+app.command()(demos.demos)
 app.command()(train.train)
 
 

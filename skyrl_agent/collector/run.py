@@ -53,6 +53,19 @@ def record_of(settings: RunConfig, n: int) -> RunRecord:
     return RunRecord(n=n, config=config)
 
 
+def session_settings(config: RunConfig) -> SessionConfig:
+    """The LLM session budgets and sampling a run's config asks for."""
+    budget, inference = config.agent, config.inference
+    settings = SessionConfig(
+        max_context_tokens=budget.max_context_tokens, max_tokens=inference.max_tokens,
+        temperature=inference.temperature, top_p=inference.top_p,
+        summarize_at=budget.summarize_at, max_summaries=budget.max_summaries,
+        max_sampled_tokens=budget.max_sampled_tokens)
+    if budget.summary_prompt:
+        settings = dataclasses.replace(settings, summary_prompt=budget.summary_prompt)
+    return settings
+
+
 @contextlib.asynccontextmanager
 async def model_sessions(config: RunConfig, run_dir: Path) -> AsyncIterator[ModelAccess]:
     """A session factory over the configured endpoint, or over an embedded server started here."""
@@ -70,14 +83,7 @@ async def model_sessions(config: RunConfig, run_dir: Path) -> AsyncIterator[Mode
         log.info("starting the embedded model server (%s)", inference.model)
         urls = [await asyncio.to_thread(server.start)]
         log.info("embedded model server ready at %s", urls[0])
-    budget = config.agent
-    session_config = SessionConfig(
-        max_context_tokens=budget.max_context_tokens, max_tokens=inference.max_tokens,
-        temperature=inference.temperature, top_p=inference.top_p,
-        summarize_at=budget.summarize_at, max_summaries=budget.max_summaries,
-        max_sampled_tokens=budget.max_sampled_tokens)
-    if budget.summary_prompt:
-        session_config = dataclasses.replace(session_config, summary_prompt=budget.summary_prompt)
+    session_config = session_settings(config)
     try:
         async with InferenceClient(urls) as client:
             served = await client.max_model_len()

@@ -149,6 +149,7 @@ class GeneratedTask:
             f"family = {_toml_string(self.family.name)}",
             f"difficulty = {self.difficulty}", f"seed = {self.seed}",
             f"split = {_toml_string(split_of(self.name) or '')}",
+            f"plan = {_toml_string(self.blueprint.plan)}",
             'tags = ["generated"]', "",
             "[agent]", "timeout_sec = 120", "",
             "[verifier]", "timeout_sec = 60", "",
