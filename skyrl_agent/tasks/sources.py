@@ -68,11 +68,18 @@ class BundledSource(TaskSource):
         return PathSource().load(str(bundled_root() / ref))
 
 
+def _is_path(ref: str) -> bool:
+    try:
+        return Path(ref).exists()
+    except OSError:  # e.g. a long `SOURCE:ARG` reference is no file name
+        return False
+
+
 def _source_for(ref: str) -> tuple[TaskSource, str]:
     prefix, sep, rest = ref.partition(":")
-    if sep and prefix in plugins.available(plugins.TASK_SOURCES) and not Path(ref).exists():
+    if sep and prefix in plugins.available(plugins.TASK_SOURCES) and not _is_path(ref):
         return plugins.load(plugins.TASK_SOURCES, prefix)(), rest
-    if Path(ref).exists():
+    if _is_path(ref):
         return PathSource(), ref
     if ref in bundled_sets():
         return BundledSource(), ref

@@ -30,6 +30,7 @@ from skyrl_agent.data.run_dir import RunDir
 from skyrl_agent.data.store import TrajectoryStore
 from skyrl_agent.inference.client import InferenceClient
 from skyrl_agent.tasks import resolve_tasks
+from skyrl_agent.tasks.families import refuse_heldout
 from skyrl_agent.trainers.backend import TrainerBackend
 from skyrl_agent.trainers.batch import groups_to_batch
 from skyrl_agent.trainers.settings import adam_params, check_trainable, loss_config, make_backend
@@ -111,6 +112,7 @@ async def reference_loop(config: RunConfig, output: Path,
     check_trainable(config)
     n = config.collector.n_samples_per_task
     tasks = resolve_tasks(config.tasks.source, config.tasks.include, config.tasks.limit)
+    refuse_heldout((t.name for t in tasks), config.tasks.source)
     stream = TaskStream(tasks, n, config.seed)
     per_step = config.trainer.groups_per_step or len(tasks)
     await asyncio.to_thread(RunDir(output).prepare, record_of(config, n))

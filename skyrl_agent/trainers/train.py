@@ -22,6 +22,7 @@ from skyrl_agent.config import RunConfig
 from skyrl_agent.data.run_dir import RunDir, RunRecord
 from skyrl_agent.data.store import TrajectoryStore
 from skyrl_agent.errors import UserError
+from skyrl_agent.tasks.families import refuse_heldout
 from skyrl_agent.tasks.model import TaskSpec
 from skyrl_agent.trainers.checkpoints import Checkpoints, LoopState
 from skyrl_agent.trainers.loop import AsyncLoop
@@ -68,6 +69,7 @@ class TrainJob:
         self.model_folder = resolve_model(config.inference.model)
         self.tasks: list[TaskSpec] = resolve_tasks(
             config.tasks.source, config.tasks.include, config.tasks.limit)
+        refuse_heldout((t.name for t in self.tasks), f"--tasks {config.tasks.source}")
         self.checkpoints = Checkpoints(output)
         self.resume = resume
         if self.run_dir.config_file.exists() and not resume:

@@ -5,6 +5,8 @@ Every family's difficulty is a parameter (1 = easiest); `skyrl-agent tasks famil
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from skyrl_agent.errors import TaskError
 from skyrl_agent.tasks.families import archive, git, python_bug, text
 from skyrl_agent.tasks.families.base import (
@@ -22,6 +24,15 @@ FAMILIES: dict[str, Family] = {f.name: f for module in (text, archive, python_bu
 """Every built-in family by name."""
 
 
+def refuse_heldout(names: Iterable[str], what: str) -> None:
+    """Raise when any task name is a held-out generated task: trainers never see those."""
+    leaked = sorted({name for name in names if split_of(name) == "heldout"})
+    if leaked:
+        shown = ", ".join(leaked[:3]) + (f" and {len(leaked) - 3} more" if len(leaked) > 3 else "")
+        raise TaskError(f"{what} holds held-out tasks ({shown}): they are for evaluation only; "
+                        "train on the train split (gen:NAME:train)")
+
+
 def family(name: str) -> Family:
     """The family called `name`; an unknown name lists the known ones."""
     if name not in FAMILIES:
@@ -30,4 +41,4 @@ def family(name: str) -> Family:
 
 
 __all__ = ["FAMILIES", "HELDOUT_SEEDS", "SPLITS", "TRAIN_SEEDS", "Family", "GeneratedTask",
-           "family", "split_of", "task_name"]
+           "family", "refuse_heldout", "split_of", "task_name"]
