@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 
 from skyrl_agent import __version__
-from skyrl_agent.cli import agents, demos, evaluate, rollout, serve, sft, tasks, train
+from skyrl_agent.cli import agents, demos, evaluate, recipe, rollout, serve, sft, tasks, train
 from skyrl_agent.cli.common import console, err_console
 from skyrl_agent.errors import RunStopped, UserError
 
@@ -26,6 +26,7 @@ app.command("eval")(evaluate.eval_run)
 app.command()(serve.serve)
 app.command()(sft.sft)
 app.command()(demos.demos)
+app.command()(recipe.recipe)
 app.command()(train.train)
 
 

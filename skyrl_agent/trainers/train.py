@@ -154,3 +154,17 @@ class TrainJob:
             metrics.close()
             backend.close()
             store.close()
+
+
+def export_latest(config: RunConfig, run_dir: Path, target: Path) -> Path:
+    """The newest checkpoint of a training run as a model folder the server loads."""
+    latest = Checkpoints(run_dir).latest()
+    if latest is None:
+        raise UserError(f"{run_dir} holds no complete checkpoint to export")
+    backend = make_backend(config)
+    try:
+        Checkpoints(run_dir).load(backend, latest)
+        backend.export(target)
+    finally:
+        backend.close()
+    return target

@@ -167,8 +167,8 @@ class GeneratedTask:
         return "\n".join(lines) + "\n"
 
     def _solve_sh(self) -> str:
-        return "\n".join(["#!/bin/bash", "set -euo pipefail", "cd /app",
-                          *self.blueprint.solution]) + "\n"
+        # Harbor runs solve.sh in the task's working directory, /app.
+        return "\n".join(["#!/bin/bash", "set -euo pipefail", *self.blueprint.solution]) + "\n"
 
     def _test_sh(self) -> str:
         checks = "\n".join(f"    {line}" if line else "" for line in
