@@ -82,11 +82,16 @@ def group_metrics(groups: list[TrajectoryGroup]) -> dict[str, float]:
 def train_on(backend: TrainerBackend, config: RunConfig,
              groups: list[TrajectoryGroup]) -> dict[str, float]:
     """One optimizer step on the groups; the step's metrics."""
-    batch = groups_to_batch(groups, config.trainer.advantage)
+    trainer = config.trainer
+    # Uniform groups still train the KL term when there is one: keep them then.
+    skip = trainer.skip_uniform_groups and trainer.kl_coef == 0
+    batch = groups_to_batch(groups, trainer.advantage, skip_uniform=skip)
     metrics: dict[str, float] = {"trajectories": batch.trajectories, "masked": batch.masked,
                                  "sequences": len(batch.data), **group_metrics(groups)}
+    if skip:
+        metrics["uniform_groups"] = batch.uniform_groups
     if not batch.data:
-        log.warning("no trainable samples this step (all masked); weights unchanged")
+        log.warning("no trainable samples this step (all masked or uniform); weights unchanged")
         return metrics
     out = backend.forward_backward(batch.data, config.trainer.loss_fn, loss_config(config))
     step = backend.optim_step(adam_params(config.trainer))
