@@ -86,10 +86,13 @@ def train_on(backend: TrainerBackend, config: RunConfig,
     # Uniform groups still train the KL term when there is one: keep them then.
     skip = trainer.skip_uniform_groups and trainer.kl_coef == 0
     batch = groups_to_batch(groups, trainer.advantage, skip_uniform=skip)
+    uniform = batch.uniform_groups
+    if skip and not batch.data:  # uniform groups only: a step as usual, never a stalled run
+        batch = groups_to_batch(groups, trainer.advantage)
     metrics: dict[str, float] = {"trajectories": batch.trajectories, "masked": batch.masked,
                                  "sequences": len(batch.data), **group_metrics(groups)}
     if skip:
-        metrics["uniform_groups"] = batch.uniform_groups
+        metrics["uniform_groups"] = uniform
     if not batch.data:
         log.warning("no trainable samples this step (all masked or uniform); weights unchanged")
         return metrics
