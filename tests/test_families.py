@@ -10,7 +10,7 @@ import tarfile
 import pytest
 
 from skyrl_agent.errors import TaskError
-from skyrl_agent.tasks import resolve_tasks
+from skyrl_agent.tasks import find_task, resolve_tasks
 from skyrl_agent.tasks.families import (
     FAMILIES,
     HELDOUT_SEEDS,
@@ -76,6 +76,9 @@ def test_gen_source_loads_interleaved_harbor_tasks(tmp_path, monkeypatch):
     assert resolve_tasks("gen:count:heldout:4", limit=2)[1].name == "gen/count-d1-10001"
     again = materialize(family("sort-lines").generate(0))
     assert again == tasks[0].task_dir  # written once, found again by its digest
+    assert find_task("gen/git-commit-d2-1").task_dir == tasks[3].task_dir  # by name, too
+    with pytest.raises(TaskError, match="difficulties"):
+        find_task("gen/git-commit-d5-1")
 
 
 def test_trainers_refuse_held_out_tasks():
