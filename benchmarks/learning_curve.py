@@ -7,7 +7,8 @@ families in local sandboxes, separate-mode verification, the torch trainer.
 
 1. demonstrations of the families' training seeds (`demos`), once;
 2. SFT on them (`sft`), once: the warm start every seed starts from (training it per seed is the
-   faithful version; on 2 shared cores it costs a quarter of an hour each);
+   faithful version; on 2 shared cores it costs a quarter of an hour each). The training stages
+   run in child processes: a torch trainer's memory is only returned when its process ends;
 3. per seed: held-out evaluation of the base and of the SFT model, `train` (RL, GRPO) from the
    SFT model on the training seeds, its last checkpoint exported, and its held-out evaluation.
    The seed drives RL's sampling and shuffle and the evaluations' sampling.
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import statistics
 import sys
 import time
@@ -37,18 +39,14 @@ from skyrl_agent.config import RunConfig, load_config
 from skyrl_agent.evaluation.recipe import (
     RecipeSettings,
     Score,
-    atomically,
     demos_job,
     eval_job,
-    export_rl,
+    in_child,
     model_done,
-    rl_done,
-    rl_job,
+    rl_stage,
     score,
-    sft_plan,
+    sft_stage,
 )
-from skyrl_agent.trainers.metrics import read_metrics
-from skyrl_agent.trainers.sft import run_sft
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -94,10 +92,9 @@ def warm_start(config: RunConfig, settings: RecipeSettings, root: Path,
     timed(stages, "demos", lambda: run_job(demos_job(config, settings.train_source, demos)))
     model = root / "sft-model"
     if not model_done(model):
-        sft_config, plan = sft_plan(config, settings, demos)
-        print(f"  sft: {len(plan.data)} sequences, {plan.steps} steps", flush=True)
-        timed(stages, "sft", lambda: atomically(model, lambda staging: run_sft(
-            sft_config, plan, staging, settings.sft_epochs, settings.sft_batch_size)))
+        losses = timed(stages, "sft", lambda: in_child(sft_stage, config, settings, demos, model,
+                                                       log_file=root / "stages.log"))
+        print(f"  sft: {len(losses)} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}", flush=True)
     return model
 
 
@@ -116,22 +113,15 @@ def one_seed(config: RunConfig, settings: RecipeSettings, sft_model: Path, root:
         config, settings, base, out / "eval-base"))
     result.scores["sft"] = timed(stages, f"seed {seed} eval sft", lambda: evaluate(
         config, settings, str(sft_model), out / "eval-sft"))
-    job = rl_job(config, settings, sft_model, out / "train")
-    if not rl_done(out / "train", settings):
-        timed(stages, f"seed {seed} train", lambda: asyncio.run(job.run()))
-    result.rl_rewards = _rl_rewards(out / "train")
     rl_model = out / "rl-model"
-    if not model_done(rl_model):
-        timed(stages, f"seed {seed} export", lambda: export_rl(job, rl_model))
+    result.rl_rewards = timed(stages, f"seed {seed} train + export", lambda: in_child(
+        rl_stage, config, settings, sft_model, out / "train", rl_model,
+        log_file=root / "stages.log"))
     result.scores["rl"] = timed(stages, f"seed {seed} eval rl", lambda: evaluate(
         config, settings, str(rl_model), out / "eval-rl"))
     print(f"  seed {seed}: " + ", ".join(f"{k} {v.pass_rate:.3f}" for k, v in
                                          result.scores.items()), flush=True)
     return result
-
-
-def _rl_rewards(train: Path) -> list[float]:
-    return [float(row["reward_mean"]) for row in read_metrics(train)]
 
 
 def spread(values: list[float]) -> float:
@@ -212,7 +202,12 @@ def write_results(args: argparse.Namespace, settings: RecipeSettings, runs: list
     print("\n".join(lines))
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # SIGTERM unwinds like Ctrl-C: servers and sandboxes are stopped
+
+
 def main() -> None:
+    signal.signal(signal.SIGTERM, _interrupt)
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--output", type=Path, default=Path("runs/learning-curve"))
     parser.add_argument("--results", type=Path, default=RESULTS)
@@ -225,12 +220,13 @@ def main() -> None:
     parser.add_argument("--rl-steps", type=int, default=3)
     parser.add_argument("--rl-lr", type=float, default=2e-4)
     parser.add_argument("--n", type=int, default=4)
-    parser.add_argument("--groups-per-step", type=int, default=4)
+    parser.add_argument("--groups-per-step", type=int, default=3)
     parser.add_argument("--eval-samples", type=int, default=2)
     parser.add_argument("--set", action="append", default=[
         "agent.name=terminus", "agent.max_turns=2", "inference.max_tokens=112",
         "agent.timeout_s=900", "collector.max_concurrent_sandboxes=16",
-        "trainer.lora_rank=16", "trainer.skip_uniform_groups=true"],
+        "trainer.lora_rank=16", "trainer.skip_uniform_groups=true",
+        "trainer.micro_batch_tokens=1024"],
         help="config overrides (section.key=value), after the defaults shown")
     args = parser.parse_args()
     settings = RecipeSettings(args.families, args.train_seeds, args.heldout_seeds,

@@ -6,10 +6,9 @@ same command resumes (finished stages are skipped)."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -50,7 +49,8 @@ def recipe(
 ) -> None:
     """Warm start then RL, measured on held-out tasks: demos -> sft -> train -> eval (base,
     sft, rl). Prints the held-out pass rate of each model and each stage's wall-clock, and
-    writes OUTPUT/summary.json."""
+    writes OUTPUT/summary.json. The training stages run in child processes, so the memory a
+    trainer keeps is returned before the next stage."""
     from skyrl_agent.config import load_config
     from skyrl_agent.evaluation.recipe import MODELS, Layout, RecipeSettings
 
@@ -61,10 +61,10 @@ def recipe(
     base = load_config(config, [*DEFAULTS, f"agent.name={agent}", *(overrides or [])])
     layout = Layout(output)
     output.mkdir(parents=True, exist_ok=True)
-    setup_logging(output / "recipe.log")
+    setup_logging(layout.log)
     seconds: dict[str, float] = {}
     scores: dict[str, Score] = {}
-    for stage in ("demos", "sft", "train", "export"):
+    for stage in STAGES:
         started = time.monotonic()
         STAGES[stage](base, settings, layout)
         seconds[stage] = time.monotonic() - started
@@ -88,43 +88,32 @@ def _demos(base: RunConfig, settings: RecipeSettings, layout: Layout) -> None:
 
 
 def _sft(base: RunConfig, settings: RecipeSettings, layout: Layout) -> None:
-    from skyrl_agent.evaluation.recipe import atomically, model_done, sft_plan
-    from skyrl_agent.trainers.sft import run_sft
+    from skyrl_agent.evaluation.recipe import in_child, model_done, sft_stage
 
     if model_done(layout.sft_model):
         console.print(f"sft: done before -> {layout.sft_model}")
         return
-    config, plan = sft_plan(base, settings, layout.demos)
-
-    async def work(on_step: Any) -> object:
-        return await asyncio.to_thread(atomically, layout.sft_model, lambda staging: run_sft(
-            config, plan, staging, settings.sft_epochs, settings.sft_batch_size, on_step))
-
-    run_with_progress(work, total=plan.steps, label="sft", status=lambda s: f"loss {s.loss:.3f}")
-    console.print(f"sft: {len(plan.data)} sequences, {plan.steps} steps -> {layout.sft_model}")
+    console.print(f"sft: training in a child process (log: {layout.log}) ...")
+    losses = in_child(sft_stage, base, settings, layout.demos, layout.sft_model,
+                      log_file=layout.log)
+    console.print(f"sft: {len(losses)} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f} -> "
+                  f"{layout.sft_model}")
 
 
 def _train(base: RunConfig, settings: RecipeSettings, layout: Layout) -> None:
-    from skyrl_agent.evaluation.recipe import rl_done, rl_job
+    from skyrl_agent.evaluation.recipe import in_child, model_done, rl_done, rl_stage
 
-    if rl_done(layout.train, settings):
+    if rl_done(layout.train, settings) and model_done(layout.rl_model):
         console.print(f"train: done before -> {layout.train}")
         return
-    job = rl_job(base, settings, layout.sft_model, layout.train)
-    results = run_with_progress(job.run, total=settings.rl_steps, label="train",
-                                status=lambda r: f"reward {r.reward_mean:.2f}")
-    rewards = " ".join(f"{r.reward_mean:.2f}" for r in results)
-    console.print(f"train: reward by step {rewards} -> {layout.train}")
+    console.print(f"train: RL in a child process (log: {layout.log}) ...")
+    rewards = in_child(rl_stage, base, settings, layout.sft_model, layout.train,
+                       layout.rl_model, log_file=layout.log)
+    console.print(f"train: reward by step {' '.join(f'{r:.2f}' for r in rewards)} -> "
+                  f"{layout.train}, exported to {layout.rl_model}")
 
 
-def _export(base: RunConfig, settings: RecipeSettings, layout: Layout) -> None:
-    from skyrl_agent.evaluation.recipe import export_rl, model_done, rl_job
-
-    if not model_done(layout.rl_model):
-        export_rl(rl_job(base, settings, layout.sft_model, layout.train), layout.rl_model)
-
-
-STAGES = {"demos": _demos, "sft": _sft, "train": _train, "export": _export}
+STAGES = {"demos": _demos, "sft": _sft, "train": _train}
 
 
 def _evaluate(base: RunConfig, settings: RecipeSettings, layout: Layout, model: str) -> Score:
