@@ -196,6 +196,10 @@ class TrainerConfig(_Section):
     """Off-policy correction of sampler/trainer mismatch."""
     kl_coef: float = Field(default=0.0, ge=0)
     """KL penalty to the initial policy (0 = none)."""
+    skip_uniform_groups: bool = False
+    """Train no sequence of a group whose advantages are all 0 (every sample got the same
+    reward) when the step has other groups: they move no weight but cost a forward and backward
+    pass each. A step of uniform groups only is trained as usual. Ignored when kl_coef > 0."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     learning_rate: float = Field(default=1e-5, gt=0)
     weight_decay: float = Field(default=0.0, ge=0)

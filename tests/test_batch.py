@@ -77,6 +77,37 @@ def test_masked_trajectories_give_no_data_and_no_statistics():
     assert sft_data([masked]) == []
 
 
+def test_uniform_groups_can_be_left_out_of_the_batch():
+    mixed = TrajectoryGroup("t", tuple(trajectory([SEGMENT_2], reward=r, index=i)
+                                       for i, r in enumerate([1.0, 0.0])))
+    passed = [trajectory([SEGMENT_2], reward=1.0, index=i) for i in range(2)]
+    dropped = trajectory([SEGMENT_2], reward=0.0, masked=True, index=2)
+    uniform = TrajectoryGroup("t", (*passed, dropped))
+    kept = groups_to_batch([mixed, uniform], "grpo")
+    assert len(kept.data) == 4 and kept.uniform_groups == 0 and kept.masked == 1
+    skipped = groups_to_batch([mixed, uniform], "grpo", skip_uniform=True)
+    assert len(skipped.data) == 2 and skipped.uniform_groups == 1 and skipped.masked == 1
+    assert skipped.trajectories == 2
+    assert [d.loss_fn_inputs for d in skipped.data] == [d.loss_fn_inputs for d in kept.data[:2]]
+
+
+def test_skipping_uniform_groups_never_skips_a_whole_step(tiny_model_dir):
+    from skyrl_agent.config import load_config
+    from skyrl_agent.trainers.reference_loop import train_on
+    from skyrl_agent.trainers.torch_backend import TorchBackend
+
+    config = load_config(None, ["trainer.skip_uniform_groups=true"])
+    uniform = TrajectoryGroup("t", tuple(trajectory([SEGMENT_2], reward=0.0, index=i)
+                                         for i in range(2)))
+    mixed = TrajectoryGroup("t", tuple(trajectory([SEGMENT_2], reward=r, index=i)
+                                       for i, r in enumerate([1.0, 0.0])))
+    backend = TorchBackend(tiny_model_dir)
+    both = train_on(backend, config, [mixed, uniform])
+    assert both["uniform_groups"] == 1 and both["sequences"] == 2 and backend.step == 1
+    alone = train_on(backend, config, [uniform])
+    assert alone["uniform_groups"] == 1 and alone["sequences"] == 2 and backend.step == 2
+
+
 def test_a_datum_rejects_misaligned_arrays():
     with pytest.raises(ValueError, match="2 entries for 3"):
         Datum((1, 2, 3), {"target_tokens": (2, 3)})

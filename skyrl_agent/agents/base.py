@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -46,6 +46,13 @@ class Agent(ABC):
     @abstractmethod
     async def run(self, env: Env, llm: LLMSession | None) -> AgentResult | None:
         """Work on env's task until done; the caller verifies afterwards. None means STOP."""
+
+    @classmethod
+    def demonstration(cls, commands: Sequence[str], plan: str) -> list[str]:
+        """The replies this agent's model would give to run `commands` (a task's reference
+        solution) and finish, in the agent's own format: what `skyrl-agent demos` records.
+        Agents that cannot act out shell commands raise NotImplementedError."""
+        raise NotImplementedError(f"agent {cls.name!r} cannot act out a solution's commands")
 
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from skyrl_agent.agents.rendering import ChatRenderer, Message
-from skyrl_agent.inference.client import Completion, InferenceClient, Sampling
+from skyrl_agent.inference.client import Completion, CompletionClient, Sampling
 from skyrl_agent.types import FinishReason, Segment, Turn
 
 SUMMARY_PROMPT = (
@@ -80,7 +80,7 @@ class _Segment:
 class LLMSession:
     """One agent's conversation with the model: token-exact turns, segments, summaries."""
 
-    def __init__(self, client: InferenceClient, tokenizer: Any, config: SessionConfig,
+    def __init__(self, client: CompletionClient, tokenizer: Any, config: SessionConfig,
                  tools: list[dict[str, Any]] | None = None, session_id: str | None = None,
                  seed: int | None = None) -> None:
         self.client = client

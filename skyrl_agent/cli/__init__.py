@@ -16,7 +16,9 @@ from skyrl_agent import __version__
 from skyrl_agent.cli import (
     agents,
     audit,
+    demos,
     evaluate,
+    recipe,
     rollout,
     serve,
     sft,
@@ -36,6 +38,8 @@ app.command()(rollout.rollout)
 app.command("eval")(evaluate.eval_run)
 app.command()(serve.serve)
 app.command()(sft.sft)
+app.command()(demos.demos)
+app.command()(recipe.recipe)
 app.command()(train.train)
 app.command("tinker-serve")(tinker_serve.tinker_serve)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -59,6 +60,55 @@ def tasks_show(name: Annotated[str, typer.Argument(help="Task name (demo/hello-f
                   f"{'allowed' if task.network_allowed else 'none'}")
     console.print()
     console.print(task.instruction, markup=False)
+
+
+@app.command("families")
+def tasks_families() -> None:
+    """List the generated task families, their difficulties and seed splits."""
+    from rich.table import Table
+
+    from skyrl_agent.tasks.families import FAMILIES, SPLITS
+    table = Table("family", "what", "difficulties")
+    for fam in FAMILIES.values():
+        levels = "\n".join(f"{i}: {level}" for i, level in enumerate(fam.levels, 1))
+        table.add_row(fam.name, fam.description, levels)
+    console.print(table)
+    console.print("seeds: " + ", ".join(f"{name} {seeds.start}..{seeds.stop - 1}"
+                                        for name, seeds in SPLITS.items())
+                  + "; as tasks: gen:FAMILY[@DIFFICULTY]:train|heldout[:COUNT] (FAMILY may be "
+                  "`all` or a comma list)", markup=False)
+
+
+@app.command("generate")
+def tasks_generate(
+    family: Annotated[str, typer.Argument(help="A family (skyrl-agent tasks families).")],
+    seeds: Annotated[str, typer.Option(help="Seed range A:B (A included, B not).")],
+    output: Annotated[Path, typer.Option(help="Folder for the task directories.")],
+    difficulty: Annotated[int, typer.Option(min=1, help="1 = easiest.")] = 1,
+) -> None:
+    """Write the tasks of one family for a seed range as Harbor task directories."""
+    from skyrl_agent.errors import UserError
+    from skyrl_agent.tasks.families import family as family_named
+    from skyrl_agent.tasks.families import split_of
+    from skyrl_agent.tasks.generated import write_task
+
+    fam = family_named(family)
+    start, sep, stop = seeds.partition(":")
+    if not sep or not start.isdigit() or not stop.isdigit() or int(start) >= int(stop):
+        raise UserError(f"--seeds must look like A:B with A < B, got {seeds!r}")
+    try:
+        tasks = [fam.generate(seed, difficulty) for seed in range(int(start), int(stop))]
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    for task in tasks:
+        directory = output / task.name.removeprefix("gen/")
+        if directory.exists():
+            raise UserError(f"{directory} exists; choose another --output")
+    for task in tasks:
+        write_task(task, output / task.name.removeprefix("gen/"))
+    splits = sorted({split_of(t.name) or "" for t in tasks})
+    console.print(f"{len(tasks)} tasks of {fam.name} (difficulty {difficulty}, split "
+                  f"{' and '.join(splits)}) -> {output}")
 
 
 @app.command("check")

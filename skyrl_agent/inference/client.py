@@ -16,7 +16,7 @@ import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
@@ -74,6 +74,17 @@ class Completion:
     def policy_version(self) -> int:
         """The oldest version among the tokens (what a staleness bound must look at)."""
         return min(self.token_policy_versions, default=0)
+
+
+class CompletionClient(Protocol):
+    """What an LLM session needs from a model: token-exact completions of token-id prompts.
+    InferenceClient is the one over HTTP servers; a scripted teacher (demonstrations) is
+    another."""
+
+    async def complete(self, prompt_ids: Sequence[int], sampling: Sampling,
+                       session_id: str | None = None) -> Completion: ...
+
+    def end_session(self, session_id: str) -> None: ...
 
 
 @dataclass

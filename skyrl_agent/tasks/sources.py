@@ -79,15 +79,22 @@ class BundledSource(TaskSource):
         return PathSource().load(str(bundled_root() / ref))
 
 
+def _is_path(ref: str) -> bool:
+    try:
+        return Path(ref).exists()
+    except OSError:  # e.g. a long `SOURCE:ARG` reference is no file name
+        return False
+
+
 def _source_for(ref: str) -> tuple[TaskSource, str]:
     from skyrl_agent.tasks.swe.instance import DATASETS
     from skyrl_agent.tasks.swe.source import SweSource, is_instance_file
     prefix, sep, rest = ref.partition(":")
-    if sep and prefix in plugins.available(plugins.TASK_SOURCES) and not Path(ref).exists():
+    if sep and prefix in plugins.available(plugins.TASK_SOURCES) and not _is_path(ref):
         return plugins.load(plugins.TASK_SOURCES, prefix)(), rest
     if is_instance_file(ref) or ref in DATASETS:
         return SweSource(), ref
-    if Path(ref).exists():
+    if _is_path(ref):
         return PathSource(), ref
     if ref in bundled_sets():
         return BundledSource(), ref
@@ -110,11 +117,31 @@ def resolve_tasks(ref: str, include: list[str] | None = None,
     return tasks[:limit] if limit else tasks
 
 
+def _generated(name: str) -> TaskSpec | None:
+    """A generated task by its name (gen/FAMILY-dD-SEED), or None for any other name."""
+    from skyrl_agent.tasks.families.base import TASK_NAME
+
+    match = TASK_NAME.match(name)
+    if match is None:
+        return None
+    from skyrl_agent.tasks.families import family
+    from skyrl_agent.tasks.generated import materialize
+
+    try:
+        task = family(match["family"]).generate(int(match["seed"]), int(match["difficulty"]))
+    except ValueError as exc:
+        raise TaskError(f"no task named {name!r}: {exc}") from None
+    return load_task(materialize(task))
+
+
 def find_task(name: str) -> TaskSpec:
     """One task by path, by `[task] name` (e.g. demo/hello-file) or by `SET/DIR` in a bundled
     set."""
     if Path(name).is_dir():
         return load_task(name)
+    generated = _generated(name)
+    if generated is not None:
+        return generated
     for set_name in bundled_sets():
         candidate = bundled_root() / set_name / name.removeprefix(f"{set_name}/")
         if (candidate / "task.toml").is_file():

@@ -92,6 +92,8 @@ class TrainingBatch:
     """Trajectories that contributed data."""
     masked: int
     """Trajectories left out because they are masked."""
+    uniform_groups: int = 0
+    """Groups left out because every advantage in them is 0 (with skip_uniform)."""
 
 
 def group_advantages(groups: Sequence[TrajectoryGroup], estimator: str) -> list[list[float]]:
@@ -108,12 +110,21 @@ def group_advantages(groups: Sequence[TrajectoryGroup], estimator: str) -> list[
     return [advantages_GN[g, : len(group.trajectories)].tolist() for g, group in enumerate(groups)]
 
 
-def groups_to_batch(groups: Sequence[TrajectoryGroup], estimator: str) -> TrainingBatch:
-    """Advantages within each group, then every unmasked trajectory packed into sequences."""
+def groups_to_batch(groups: Sequence[TrajectoryGroup], estimator: str,
+                    skip_uniform: bool = False) -> TrainingBatch:
+    """Advantages within each group, then every unmasked trajectory packed into sequences.
+
+    With `skip_uniform`, a group whose advantages are all 0 (every sample got the same reward)
+    gives no data: its policy-gradient term is 0, so it would cost a forward and backward pass
+    and change only the token-mean denominator (DAPO's dynamic sampling, Yu et al. 2025)."""
     advantages = group_advantages(groups, estimator)
     data: list[Datum] = []
-    used = masked = 0
+    used = masked = uniform = 0
     for group, group_adv in zip(groups, advantages, strict=True):
+        if skip_uniform and not any(group_adv):
+            uniform += 1
+            masked += sum(t.masked for t in group.trajectories)
+            continue
         for trajectory, advantage in zip(group.trajectories, group_adv, strict=True):
             if trajectory.masked:
                 masked += 1
@@ -121,7 +132,7 @@ def groups_to_batch(groups: Sequence[TrajectoryGroup], estimator: str) -> Traini
             sequences = trajectory_data(trajectory, advantage)
             used += bool(sequences)
             data.extend(sequences)
-    return TrainingBatch(data, advantages, used, masked)
+    return TrainingBatch(data, advantages, used, masked, uniform)
 
 
 def sft_data(trajectories: Sequence[Trajectory]) -> list[Datum]:

@@ -29,6 +29,7 @@ from skyrl_agent.config import RunConfig
 from skyrl_agent.data.run_dir import RunDir
 from skyrl_agent.data.store import TrajectoryStore
 from skyrl_agent.tasks import resolve_tasks
+from skyrl_agent.tasks.families import refuse_heldout
 from skyrl_agent.trainers.backend import TrainerBackend
 from skyrl_agent.trainers.batch import groups_to_batch
 from skyrl_agent.trainers.settings import adam_params, check_trainable, loss_config, make_backend
@@ -81,11 +82,19 @@ def group_metrics(groups: list[TrajectoryGroup]) -> dict[str, float]:
 def train_on(backend: TrainerBackend, config: RunConfig,
              groups: list[TrajectoryGroup]) -> dict[str, float]:
     """One optimizer step on the groups; the step's metrics."""
-    batch = groups_to_batch(groups, config.trainer.advantage)
+    trainer = config.trainer
+    # Uniform groups still train the KL term when there is one: keep them then.
+    skip = trainer.skip_uniform_groups and trainer.kl_coef == 0
+    batch = groups_to_batch(groups, trainer.advantage, skip_uniform=skip)
+    uniform = batch.uniform_groups
+    if skip and not batch.data:  # uniform groups only: a step as usual, never a stalled run
+        batch = groups_to_batch(groups, trainer.advantage)
     metrics: dict[str, float] = {"trajectories": batch.trajectories, "masked": batch.masked,
                                  "sequences": len(batch.data), **group_metrics(groups)}
+    if skip:
+        metrics["uniform_groups"] = uniform
     if not batch.data:
-        log.warning("no trainable samples this step (all masked); weights unchanged")
+        log.warning("no trainable samples this step (all masked or uniform); weights unchanged")
         return metrics
     out = backend.forward_backward(batch.data, config.trainer.loss_fn, loss_config(config))
     step = backend.optim_step(adam_params(config.trainer))
@@ -111,6 +120,7 @@ async def reference_loop(config: RunConfig, output: Path,
     check_trainable(config)
     n = config.collector.n_samples_per_task
     tasks = resolve_tasks(config.tasks.source, config.tasks.include, config.tasks.limit)
+    refuse_heldout((t.name for t in tasks), config.tasks.source)
     stream = TaskStream(tasks, n, config.seed)
     per_step = config.trainer.groups_per_step or len(tasks)
     await asyncio.to_thread(RunDir(output).prepare, record_of(config, n))

@@ -18,6 +18,7 @@ from skyrl_agent.config import RunConfig
 from skyrl_agent.data.run_dir import RunDir
 from skyrl_agent.data.store import StoreError, TrajectoryStore
 from skyrl_agent.errors import UserError
+from skyrl_agent.tasks.families import refuse_heldout
 from skyrl_agent.trainers.backend import Datum, TrainerBackend
 from skyrl_agent.trainers.batch import sft_data
 from skyrl_agent.trainers.loss import LossConfig
@@ -56,6 +57,7 @@ def plan_sft(config: RunConfig, run_dir: Path, model: str | None, epochs: int,
         raise UserError(str(exc)) from None
     for problem in contents.problems:
         log.warning(problem)
+    refuse_heldout((t.task_id for t in contents.trajectories), str(run_dir))
     data = sft_data(contents.trajectories)
     if not data:
         raise UserError(f"{run_dir} has no unmasked trajectories with sampled tokens to train on")

@@ -21,12 +21,13 @@ from skyrl_agent.collector.run import PLACEMENT
 from skyrl_agent.config import RunConfig
 from skyrl_agent.data.run_dir import RunDir, RunRecord
 from skyrl_agent.errors import UserError
+from skyrl_agent.tasks.families import refuse_heldout
 from skyrl_agent.tasks.model import TaskSpec
 from skyrl_agent.trainers.checkpoints import Checkpoints, LoopState
 from skyrl_agent.trainers.loop import AsyncLoop
 from skyrl_agent.trainers.metrics import MetricsLog
 from skyrl_agent.trainers.reference_loop import StepResult, publish
-from skyrl_agent.trainers.settings import check_trainable
+from skyrl_agent.trainers.settings import check_trainable, make_backend
 from skyrl_agent.trainers.stream import TaskStream
 from skyrl_agent.trainers.workers import Placement, Workers, local_workers
 
@@ -72,6 +73,7 @@ class TrainJob:
         self.model_folder = resolve_model(config.inference.model)
         self.tasks: list[TaskSpec] = resolve_tasks(
             config.tasks.source, config.tasks.include, config.tasks.limit)
+        refuse_heldout((t.name for t in self.tasks), f"--tasks {config.tasks.source}")
         preflight(self.tasks, config.sandbox)
         self.checkpoints = Checkpoints(output)
         self.resume = resume
@@ -169,3 +171,17 @@ class TrainJob:
                          stream, state, step_done, checkpoint)
         results: list[StepResult] = await workers.supervise(loop.run())
         return results
+
+
+def export_latest(config: RunConfig, run_dir: Path, target: Path) -> Path:
+    """The newest checkpoint of a training run as a model folder the server loads."""
+    latest = Checkpoints(run_dir).latest()
+    if latest is None:
+        raise UserError(f"{run_dir} holds no complete checkpoint to export")
+    backend = make_backend(config)
+    try:
+        Checkpoints(run_dir).load(backend, latest)
+        backend.export(target)
+    finally:
+        backend.close()
+    return target

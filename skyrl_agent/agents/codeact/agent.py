@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import shlex
+from collections.abc import Sequence
 
 from skyrl_agent.agents.base import ModelAgent, clip
 from skyrl_agent.agents.codeact import prompts
@@ -28,6 +29,15 @@ class CodeActAgent(ModelAgent):
         super().__init__(max_turns)
         self.command_timeout_s = command_timeout_s
         self.max_output_chars = max_output_chars
+
+    @classmethod
+    def demonstration(cls, commands: Sequence[str], plan: str) -> list[str]:
+        """One execute_bash call running every command, then finish."""
+        script = "\n".join(commands)
+        return [f"{plan}\n\n<function=execute_bash>\n<parameter=command>\n{script}\n"
+                "</parameter>\n</function>",
+                "The commands ran.\n\n<function=finish>\n<parameter=message>\nThe task is "
+                "done.\n</parameter>\n</function>"]
 
     async def act(self, env: Env, llm: LLMSession) -> FinishReason:
         self.cwd = env.workdir

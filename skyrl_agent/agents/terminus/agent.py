@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
+
 from skyrl_agent.agents.base import ModelAgent, clip
 from skyrl_agent.agents.session import LLMSession
 from skyrl_agent.agents.terminus import prompts
 from skyrl_agent.agents.terminus.parsing import MalformedReply, TerminusReply, parse_reply
 from skyrl_agent.envs.env import Env
 from skyrl_agent.types import FinishReason
+
+DEMO_WAIT_S = 1.0
+"""A demonstration's wait after typing its commands (the generated tasks' are instant)."""
 
 
 class TerminusAgent(ModelAgent):
@@ -20,6 +26,17 @@ class TerminusAgent(ModelAgent):
         super().__init__(max_turns)
         self.max_wait_s = max_wait_s
         self.max_screen_chars = max_screen_chars
+
+    @classmethod
+    def demonstration(cls, commands: Sequence[str], plan: str) -> list[str]:
+        """Type the commands (one keystroke string: fewer tokens than one entry each) and
+        declare the task complete, then confirm."""
+        keys = "".join(f"{c}\n" for c in commands)
+        act = {"analysis": "Nothing has been done yet.", "plan": plan,
+               "commands": [{"keystrokes": keys, "duration": DEMO_WAIT_S}], "task_complete": True}
+        confirm = {"analysis": "The commands have run.", "plan": "The task is complete.",
+                   "commands": [], "task_complete": True}
+        return [json.dumps(act), json.dumps(confirm)]
 
     async def act(self, env: Env, llm: LLMSession) -> FinishReason:
         screen = await self._screen(env)

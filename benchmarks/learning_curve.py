@@ -1,0 +1,248 @@
+"""Does training make the agent better? Held-out pass rate of the base model, after the warm
+start (SFT on demonstrations) and after K RL steps, for several seeds, side by side.
+
+Everything is the real pipeline (`skyrl_agent/evaluation/recipe.py`, what `skyrl-agent recipe`
+runs): Terminus with the bundled SmolLM2-135M on the embedded CPU server, generated task
+families in local sandboxes, separate-mode verification, the torch trainer.
+
+1. demonstrations of the families' training seeds (`demos`), once;
+2. SFT on them (`sft`), once: the warm start every seed starts from (training it per seed is the
+   faithful version; on 2 shared cores it costs a quarter of an hour each). The training stages
+   run in child processes: a torch trainer's memory is only returned when its process ends;
+3. per seed: held-out evaluation of the base and of the SFT model, `train` (RL, GRPO) from the
+   SFT model on the training seeds, its last checkpoint exported, and its held-out evaluation.
+   The seed drives RL's sampling and shuffle and the evaluations' sampling.
+
+Held-out tasks are the families' held-out seeds (never in demonstrations, SFT or RL data: the
+trainers refuse them). Sampling is at temperature 1 everywhere, so the held-out pass rate is
+pass@1 of the policy RL optimizes. Writes a markdown table and a PNG (`--results`), and prints
+both verdicts: SFT above the base model, and RL above SFT by more than the seed-to-seed spread
+(the larger of the SFT and RL ranges over seeds).
+
+Run: .venv/bin/python benchmarks/learning_curve.py [--seeds 0 1 2] [--rl-steps 3] ...
+(about three quarters of an hour on 2 shared cores at the defaults)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from skyrl_agent.config import RunConfig, load_config
+from skyrl_agent.evaluation.recipe import (
+    RecipeSettings,
+    Score,
+    demos_job,
+    eval_job,
+    in_child,
+    model_done,
+    rl_stage,
+    score,
+    sft_stage,
+)
+
+RESULTS = Path(__file__).parent / "results"
+
+
+@dataclass
+class SeedRun:
+    seed: int
+    scores: dict[str, Score] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    rl_rewards: list[float] = field(default_factory=list)
+    """Training reward (mean over the step's samples) per RL step."""
+
+
+@dataclass
+class Stage:
+    """Wall-clock and load around one stage (the machine is shared: load says how much)."""
+
+    seconds: float
+    load_before: float
+    load_after: float
+
+
+def timed(stages: dict[str, Stage], name: str, work):
+    load = os.getloadavg()[0]
+    started = time.monotonic()
+    result = work()
+    stages[name] = Stage(time.monotonic() - started, load, os.getloadavg()[0])
+    print(f"  {name}: {stages[name].seconds:.0f} s (load {load:.1f} -> "
+          f"{stages[name].load_after:.1f})", flush=True)
+    return result
+
+
+def run_job(job, *args):
+    try:
+        return asyncio.run(job.run(*args))
+    finally:
+        job.close()
+
+
+def warm_start(config: RunConfig, settings: RecipeSettings, root: Path,
+               stages: dict[str, Stage]) -> Path:
+    demos = root / "demos"
+    timed(stages, "demos", lambda: run_job(demos_job(config, settings.train_source, demos)))
+    model = root / "sft-model"
+    if not model_done(model):
+        losses = timed(stages, "sft", lambda: in_child(sft_stage, config, settings, demos, model,
+                                                       log_file=root / "stages.log"))
+        print(f"  sft: {len(losses)} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}", flush=True)
+    return model
+
+
+def evaluate(config: RunConfig, settings: RecipeSettings, model: str, output: Path) -> Score:
+    run_job(eval_job(config, settings, model, output), lambda t: None)
+    return score(output)
+
+
+def one_seed(config: RunConfig, settings: RecipeSettings, sft_model: Path, root: Path,
+             seed: int, stages: dict[str, Stage]) -> SeedRun:
+    config = config.model_copy(update={"seed": seed})
+    out = root / f"seed-{seed}"
+    result = SeedRun(seed)
+    base = config.inference.model
+    result.scores["base"] = timed(stages, f"seed {seed} eval base", lambda: evaluate(
+        config, settings, base, out / "eval-base"))
+    result.scores["sft"] = timed(stages, f"seed {seed} eval sft", lambda: evaluate(
+        config, settings, str(sft_model), out / "eval-sft"))
+    rl_model = out / "rl-model"
+    result.rl_rewards = timed(stages, f"seed {seed} train + export", lambda: in_child(
+        rl_stage, config, settings, sft_model, out / "train", rl_model,
+        log_file=root / "stages.log"))
+    result.scores["rl"] = timed(stages, f"seed {seed} eval rl", lambda: evaluate(
+        config, settings, str(rl_model), out / "eval-rl"))
+    print(f"  seed {seed}: " + ", ".join(f"{k} {v.pass_rate:.3f}" for k, v in
+                                         result.scores.items()), flush=True)
+    return result
+
+
+def spread(values: list[float]) -> float:
+    return max(values) - min(values) if values else 0.0
+
+
+def verdicts(runs: list[SeedRun]) -> list[str]:
+    means = {m: statistics.mean(r.scores[m].pass_rate for r in runs) for m in ("base", "sft", "rl")}
+    spreads = {m: spread([r.scores[m].pass_rate for r in runs]) for m in ("sft", "rl")}
+    gap = means["rl"] - means["sft"]
+    worst = max(spreads.values())
+    return [
+        f"SFT above base: {'yes' if means['sft'] > means['base'] else 'NO'} "
+        f"({means['sft']:.3f} vs {means['base']:.3f})",
+        f"RL above SFT by more than the seed-to-seed spread: {'yes' if gap > worst else 'NO'} "
+        f"(RL - SFT = {gap:+.3f}; spread over seeds: SFT {spreads['sft']:.3f}, "
+        f"RL {spreads['rl']:.3f})"]
+
+
+def table(runs: list[SeedRun]) -> list[str]:
+    rows = ["| seed | base | SFT | RL | RL training reward by step | held-out samples "
+            "(base/SFT/RL) | masked |", "|---|---:|---:|---:|---|---|---:|"]
+    for r in runs:
+        s = r.scores
+        rows.append(f"| {r.seed} | {s['base'].pass_rate:.3f} | {s['sft'].pass_rate:.3f} | "
+                    f"{s['rl'].pass_rate:.3f} | {' '.join(f'{x:.2f}' for x in r.rl_rewards)} | "
+                    f"{s['base'].samples}/{s['sft'].samples}/{s['rl'].samples} | "
+                    f"{sum(v.masked for v in s.values())} |")
+    means = [statistics.mean(r.scores[m].pass_rate for r in runs) for m in ("base", "sft", "rl")]
+    spreads = [spread([r.scores[m].pass_rate for r in runs]) for m in ("base", "sft", "rl")]
+    rows.append(f"| mean | {means[0]:.3f} | {means[1]:.3f} | {means[2]:.3f} | | | |")
+    rows.append(f"| spread (max - min) | {spreads[0]:.3f} | {spreads[1]:.3f} | {spreads[2]:.3f} "
+                "| | | |")
+    return rows
+
+
+def plot(runs: list[SeedRun], path: Path, steps: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    labels = ["base", "SFT", f"RL ({steps} steps)"]
+    for r in runs:
+        left.plot(labels, [r.scores[m].pass_rate for m in ("base", "sft", "rl")], marker="o",
+                  alpha=0.6, label=f"seed {r.seed}")
+        right.plot(range(1, len(r.rl_rewards) + 1), r.rl_rewards, marker="o", alpha=0.6,
+                   label=f"seed {r.seed}")
+    means = [statistics.mean(r.scores[m].pass_rate for r in runs) for m in ("base", "sft", "rl")]
+    left.plot(labels, means, color="black", linewidth=2.5, marker="s", label="mean")
+    left.set(title="held-out pass rate (pass@1, T=1)", ylim=(-0.02, 1.02))
+    right.set(title="RL: training reward per step", xlabel="step", ylim=(-0.02, 1.02))
+    left.legend()
+    right.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def write_results(args: argparse.Namespace, settings: RecipeSettings, runs: list[SeedRun],
+                  stages: dict[str, Stage], wall: float) -> None:
+    args.results.mkdir(parents=True, exist_ok=True)
+    png = args.results / "learning_curve.png"
+    plot(runs, png, settings.rl_steps)
+    lines = ["# benchmarks/learning_curve.py", "",
+             f"Command: `.venv/bin/python benchmarks/learning_curve.py {' '.join(sys.argv[1:])}`",
+             "", "Settings: " + ", ".join(f"{k}={v}" for k, v in asdict(settings).items()),
+             f"; overrides: {' '.join(args.set)}", "",
+             f"Held-out tasks: `{settings.heldout_source}`; training tasks: "
+             f"`{settings.train_source}`.", "", *table(runs), "", *verdicts(runs), "",
+             f"![curve]({png.name})", "", "| stage | seconds | load before | load after |",
+             "|---|---:|---:|---:|",
+             *[f"| {k} | {v.seconds:.0f} | {v.load_before:.1f} | {v.load_after:.1f} |"
+               for k, v in stages.items()],
+             "", f"Wall-clock, all stages: {wall / 60:.1f} min on {os.cpu_count()} cores."]
+    (args.results / "learning_curve.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # SIGTERM unwinds like Ctrl-C: servers and sandboxes are stopped
+
+
+def main() -> None:
+    signal.signal(signal.SIGTERM, _interrupt)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--output", type=Path, default=Path("runs/learning-curve"))
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--families", default="write-file,count,sort-lines,replace-text")
+    parser.add_argument("--train-seeds", type=int, default=8)
+    parser.add_argument("--heldout-seeds", type=int, default=4)
+    parser.add_argument("--sft-epochs", type=int, default=2)
+    parser.add_argument("--sft-lr", type=float, default=5e-5)
+    parser.add_argument("--rl-steps", type=int, default=3)
+    parser.add_argument("--rl-lr", type=float, default=2e-4)
+    parser.add_argument("--n", type=int, default=4)
+    parser.add_argument("--groups-per-step", type=int, default=3)
+    parser.add_argument("--eval-samples", type=int, default=2)
+    parser.add_argument("--set", action="append", default=[
+        "agent.name=terminus", "agent.max_turns=2", "inference.max_tokens=112",
+        "agent.timeout_s=900", "collector.max_concurrent_sandboxes=16",
+        "trainer.lora_rank=16", "trainer.skip_uniform_groups=true",
+        "trainer.micro_batch_tokens=1024"],
+        help="config overrides (section.key=value), after the defaults shown")
+    args = parser.parse_args()
+    settings = RecipeSettings(args.families, args.train_seeds, args.heldout_seeds,
+                              args.sft_epochs, 8, args.sft_lr, args.rl_steps, args.rl_lr, args.n,
+                              args.groups_per_step, args.eval_samples)
+    settings.check()
+    config = load_config(None, args.set)
+    stages: dict[str, Stage] = {}
+    started = time.monotonic()
+    print(f"warm start -> {args.output}", flush=True)
+    sft_model = warm_start(config.model_copy(update={"trainer": config.trainer.model_copy(
+        update={"lora_rank": 0})}), settings, args.output, stages)
+    runs = [one_seed(config, settings, sft_model, args.output, seed, stages)
+            for seed in args.seeds]
+    write_results(args, settings, runs, stages, time.monotonic() - started)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""Commit a change with git.
+
+The repository is made by the Dockerfile; its files and their git tree ids are known here, so
+the checks compare ids only. They read a copy of the agent's `.git` whose config is replaced by
+a bare minimum: a repository's own config can name programs git would run (fsmonitor, filters,
+gpg), and the verifier must run none of the agent's choosing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+
+from skyrl_agent.tasks.families.base import Blueprint, Family
+from skyrl_agent.tasks.families.words import FILE_STEMS, NOUNS, PEOPLE, phrase
+
+REPO = "/app/repo"
+_INITIAL_DATE = "2024-01-01T00:00:00Z"
+
+
+def blob_id(data: bytes) -> bytes:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).digest()
+
+
+def tree_id(files: dict[str, bytes]) -> str:
+    """git's id of a tree holding only these files (mode 100644) at its top."""
+    body = b"".join(b"100644 " + name.encode() + b"\0" + blob_id(files[name])
+                    for name in sorted(files))
+    return hashlib.sha1(b"tree %d\0" % len(body) + body).hexdigest()
+
+
+def _lines(rng: random.Random, count: int) -> bytes:
+    return "".join(f"{phrase(rng, rng.randint(2, 3))}\n" for _ in range(count)).encode()
+
+
+CHECKS = """\
+rm -rf /tmp/gitcheck
+if [ -d {repo}/.git ] && [ ! -L {repo}/.git ] && cp -R -P {repo}/.git /tmp/gitcheck; then
+    printf '[core]\\n\\trepositoryformatversion = 0\\n\\tbare = true\\n' > /tmp/gitcheck/config
+    rm -rf /tmp/gitcheck/hooks /tmp/gitcheck/info
+else
+    fail "{repo} is not a git repository"
+fi
+g() {{
+    GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null HOME=/nonexistent \\
+        git --git-dir=/tmp/gitcheck "$@" 2>/dev/null
+}}
+[ "$(g rev-list --count HEAD)" = 2 ] || fail "there must be exactly one commit after the first"
+[ "$(g rev-parse --verify -q 'HEAD~1^{{tree}}')" = {initial} ] || fail "the first commit changed"
+[ "$(g rev-parse --verify -q 'HEAD^{{tree}}')" = {final} ] || fail "the new commit is wrong"
+[ "$(g log -1 --format=%s HEAD)" = "{message}" ] || fail "the commit message is not '{message}'"
+"""
+
+
+def build_commit(rng: random.Random, difficulty: int) -> Blueprint:
+    stems = rng.sample(FILE_STEMS, 3)
+    initial = {"README.md": f"# {rng.choice(NOUNS)}\n\n{phrase(rng, 3)}\n".encode(),
+               f"{stems[0]}.txt": _lines(rng, rng.randint(1, 3)),
+               f"{stems[1]}.txt": _lines(rng, rng.randint(1, 3))}
+    final = dict(initial)
+    line = phrase(rng, 3)
+    if difficulty == 2:
+        target = f"{stems[0]}.txt"
+        final[target] = initial[target] + f"{line}\n".encode()
+        change = f"append the line `{line}` to `{target}`"
+        commands = [f"printf '{line}\\n' >> {target}", f"git add {target}"]
+        verb = "Extend"
+    else:
+        target = f"{stems[2]}.txt"
+        final[target] = f"{line}\n".encode()
+        change = f"create the file `{target}` containing the line `{line}`"
+        commands = [f"printf '{line}\\n' > {target}", f"git add {target}"]
+        verb = "Add"
+        if difficulty == 3:
+            removed = f"{stems[1]}.txt"
+            del final[removed]
+            change += f", and delete `{removed}`"
+            commands.append(f"git rm -q {removed}")
+            verb = "Replace"
+    message = f"{verb} {target.removesuffix('.txt')} {rng.choice(NOUNS)}"
+    name, email = rng.choice(PEOPLE)
+    setup = ("git init -q", f'git config user.name "{name}"', f"git config user.email {email}",
+             "git add -A", f"GIT_AUTHOR_DATE={_INITIAL_DATE} GIT_COMMITTER_DATE={_INITIAL_DATE} "
+             "git commit -q -m 'First commit'")
+    instruction = (f"`{REPO}` is a git repository with one commit. In it, {change}; then record "
+                   f"that change as exactly one new commit with the message `{message}`.\n")
+    return Blueprint(
+        instruction=instruction,
+        checks=CHECKS.format(repo=REPO, initial=tree_id(initial), final=tree_id(final),
+                             message=message),
+        solution=(f"cd {REPO}", *commands, f"git commit -q -m '{message}'"),
+        plan="Make the change in the repository, then commit it with git.",
+        files={f"repo/{path}": data for path, data in initial.items()},
+        setup=setup, setup_dir=REPO)
+
+
+FAMILIES = (
+    Family("git-commit", "Make a change in a git repository and commit it.",
+           ("add a file", "append to a file", "add one file and delete another"),
+           build_commit, category="git"),
+)
