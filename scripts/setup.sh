@@ -2,14 +2,15 @@
 # Sets up skyrl-agent on a fresh machine: system packages (as root), a Python 3.12 .venv, the
 # project. Safe to run again: each step is skipped when already done.
 #   scripts/setup.sh            runtime (local bubblewrap sandboxes)
-#   scripts/setup.sh --dev      plus test tools and the Docker tier (docker.io, debootstrap)
+#   scripts/setup.sh --dev      plus test tools and the Docker tier (docker.io, docker-compose,
+#                               debootstrap)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dev=0
 [ "${1:-}" = "--dev" ] && dev=1
 
 packages=(bubblewrap tmux python3 python3-pytest git tar gzip bzip2 xz-utils util-linux procps)
-[ $dev = 1 ] && packages+=(docker.io debootstrap chromium gcc libc6-dev)
+[ $dev = 1 ] && packages+=(docker.io docker-compose debootstrap chromium gcc libc6-dev)
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   missing=()
   for p in "${packages[@]}"; do

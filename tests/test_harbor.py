@@ -3,7 +3,8 @@
   as a Harbor environment, and its result carries the sampled token ids and logprobs, one
   rollout detail per segment across a self-summarization;
 - Harbor's own oracle passes in that environment (its verifier reads the reward through it);
-- `--sandbox harbor:TYPE` runs our agents and verifier in a Harbor environment;
+- `--sandbox harbor:TYPE` runs our agents and verifier in a Harbor environment: ours, and
+  Harbor's own docker environment (`harbor:docker`);
 - links an agent plants are never followed on the host, either way."""
 
 from __future__ import annotations
@@ -98,17 +99,75 @@ def test_harbors_oracle_passes_in_our_sandbox(tmp_path, work_root):
     assert result.verifier_result.rewards["reward"] == 1.0  # read by Harbor through us
 
 
+HARBOR_KINDS = [OUR_ENVIRONMENT, pytest.param("docker", marks=pytest.mark.docker)]
+
+
+@pytest.mark.parametrize("kind", HARBOR_KINDS)
 @pytest.mark.parametrize(("agent", "expected"), [("oracle", 1.0), ("nop", 0.0)])
-def test_our_agents_run_in_a_harbor_environment(agent, expected):
-    """Through the harbor: backend (our Sandbox over a Harbor environment), separate-mode
-    verification included: the artifacts leave through Harbor's download_dir."""
+def test_our_agents_run_in_a_harbor_environment(kind, agent, expected):
+    """Through the harbor: backend (our Sandbox over a Harbor environment: ours, and Harbor's
+    own docker environment), separate-mode verification included: the artifacts leave through
+    Harbor's download_dir and come back through its upload."""
     result = run("tasks", "check", "demo", "--agent", agent, "--json", "-j", "2",
-                 "--sandbox", f"harbor:{OUR_ENVIRONMENT}",
+                 "--sandbox", f"harbor:{kind}",
                  "--set", "tasks.include=[python-bugfix,git-init-commit,extract-archive]")
     assert result.returncode == 0, result.stderr
     rows = [json.loads(line) for line in result.stdout.splitlines()]
     assert len(rows) == 3
     assert all(row["reward"] == expected and row["reason"] is None for row in rows), rows
+
+
+@pytest.mark.docker
+def test_harbor_docker_runs_our_terminus_with_the_real_model(tmp_path, smollm2_dir):
+    """`--sandbox harbor:docker`: our Terminus, against the embedded server, acts in Harbor's
+    docker environment (its keystrokes reach tmux there) and is stored token-exact."""
+    from skyrl_agent.data.store import TrajectoryStore
+
+    result = run("rollout", "--agent", "terminus", "--tasks", str(DEMO / "hello-file"),
+                 "--sandbox", "harbor:docker", "--output", str(tmp_path / "run"),
+                 "--set", "agent.max_turns=2", "--set", "inference.max_tokens=64")
+    assert result.returncode == 0, result.stderr[-2000:]
+    contents = TrajectoryStore(tmp_path / "run").load()
+    assert not contents.problems and len(contents.trajectories) == 1
+    trajectory = contents.trajectories[0]
+    assert not trajectory.masked, trajectory.mask_reason
+    assert trajectory.num_turns >= 1 and 0.0 <= trajectory.reward.value <= 1.0
+    for segment in trajectory.segments:
+        assert segment.is_token_consistent()
+        for turn in segment.turns:
+            assert len(turn.completion_logprobs) == len(turn.completion_ids) > 0
+
+
+@pytest.mark.docker
+def test_harbor_docker_kills_what_the_agent_left_running():
+    """Attack: the agent leaves processes to act after it finished: a background job, and one
+    that detaches under PID 1 as a binary named `sleep`, like the environment's keeper. Both are
+    killed before artifacts are collected; the environment's own processes live on."""
+    from skyrl_agent.config import SandboxConfig
+    from skyrl_agent.sandboxes.base import SandboxSpec
+    from skyrl_agent.sandboxes.harbor import HarborSandbox
+    from skyrl_agent.tasks import find_task
+
+    listing = "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done"
+
+    async def scenario() -> tuple[str, str]:
+        config = SandboxConfig(backend="harbor:docker")
+        spec = SandboxSpec.from_task(find_task(str(DEMO / "hello-file")), config)
+        sandbox = HarborSandbox(spec, config)
+        await sandbox.start()
+        try:
+            await sandbox.exec("nohup sleep 1000 >/dev/null 2>&1 & cp /bin/sleep /tmp/sleep && "
+                               "(setsid /tmp/sleep 1001 >/dev/null 2>&1 &); sleep 0.5")
+            before = (await sandbox.exec(listing, user=0)).stdout
+            await sandbox.kill_processes()
+            return before, (await sandbox.exec(listing, user=0)).stdout
+        finally:
+            await sandbox.stop()
+
+    before, after = asyncio.run(scenario())
+    assert "sleep 1000" in before and "/tmp/sleep 1001" in before
+    assert "sleep 1000" not in after and "1001" not in after
+    assert "sleep infinity" in after  # Harbor's keeper: the container lives on for collection
 
 
 def test_a_harbor_backend_without_a_kind_is_one_line():

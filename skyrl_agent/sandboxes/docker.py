@@ -154,6 +154,12 @@ class DockerSandbox(Sandbox):
         )
 
     # ---- images -------------------------------------------------------------------------------
+    async def built_image(self) -> str:
+        """The image this sandbox's container would run, built when the engine lacks it."""
+        if self._client is None:
+            self._client = await asyncio.to_thread(docker_client)
+        return await self._image()
+
     async def _image(self) -> str:
         dockerfile = self.spec.dockerfile
         if dockerfile is None:

@@ -42,8 +42,32 @@ from skyrl_agent.sandboxes.base import (
 )
 from skyrl_agent.sandboxes.docker import KILL_ALL
 from skyrl_agent.sandboxes.exec_server import HeadTail
+from skyrl_agent.sandboxes.harbor_docker import (
+    compose1_environment,
+    compose_frontend,
+    prebuilt_image,
+)
 
 PREFIX = "harbor:"
+
+# A process is named by its pid and start time (field 22 of /proc/PID/stat, read after the last
+# ") " since a process names its own comm), so a later process cannot pass for an old one.
+_PROCESS_ID = ('read -r stat < /proc/$p/stat 2>/dev/null || continue; rest=${stat##*) }; '
+               'set -- $rest; id="$p:${20}"')
+# The environment's own processes (main process, keeper) are those alive at start.
+LIST_PROCESSES = ('for p in /proc/[0-9]*; do p=${p#/proc/}; '
+                  '[ "$p" = $$ ] || [ "$p" = $PPID ] && continue; ' + _PROCESS_ID + '; '
+                  'printf "%s " "$id"; done')
+# Then SIGKILL every other process, round after round, until none is left but zombies and the
+# `sleep` children of kept processes (a keeper loop restarts those; they are killed too).
+KILL_LATER = ('keep=" $KEEP "; for ((round = 0; round < 200; round++)); do left=0; '
+              'for p in /proc/[0-9]*; do p=${p#/proc/}; '
+              '[ "$p" = $$ ] || [ "$p" = $PPID ] && continue; ' + _PROCESS_ID + '; '
+              '[ "${keep#* $id }" != "$keep" ] && continue; kill -9 "$p" 2>/dev/null; '
+              '[ "$1" = Z ] && continue; '
+              '[ "${stat#* (sleep) }" != "$stat" ] && [ "${keep#* $2:}" != "$keep" ] && continue; '
+              'left=$((left + 1)); done; '
+              '[ "$left" = 0 ] && exit 0; sleep 0.01; done; echo "$left left"; exit 1')
 
 
 def harbor_kind(backend: str) -> str:
@@ -71,6 +95,8 @@ class HarborSandbox(Sandbox):
         super().__init__(spec, config)
         self.environment: Any = None
         self._owned = True
+        self._own_processes: str | None = None
+        """The environment's processes at start (`pid:starttime ...`), spared by kill_processes."""
         self._scratch: tempfile.TemporaryDirectory[str] | None = None
 
     @classmethod
@@ -90,15 +116,23 @@ class HarborSandbox(Sandbox):
             raise UnsupportedEnvironment("harbor environments are built from a task's "
                                          "environment/ folder; this task has none")
         self._scratch = tempfile.TemporaryDirectory(prefix="skyrl-harbor-")
-        self.environment = await asyncio.to_thread(self._create, Path(self._scratch.name))
+        image = None
+        if harbor_kind(self.config.backend) == "docker":
+            image = await prebuilt_image(self.spec, self.config)
+        self.environment = await asyncio.to_thread(self._create, Path(self._scratch.name), image)
         try:
             await self.environment.start(force_build=False)
         except Exception as exc:  # any provider failure is infrastructure
             raise SandboxError(f"harbor environment {harbor_kind(self.config.backend)} did "
                                f"not start: {type(exc).__name__}: {exc}") from exc
         self._started_at = time.monotonic()
+        listed = await self.exec(LIST_PROCESSES, timeout=60, cwd="/", user=0)
+        if not listed.ok:
+            raise SandboxError(f"sandbox {self.spec.name}: its processes could not be listed")
+        self._own_processes = listed.stdout.strip()
 
-    def _create(self, scratch: Path) -> Any:
+    def _create(self, scratch: Path, image: str | None) -> Any:
+        """Harbor's environment for the task; `image` (built here) replaces Harbor's build."""
         from harbor.environments.factory import EnvironmentFactory
         from harbor.models.task.task import Task
         from harbor.models.trial.config import EnvironmentConfig
@@ -109,13 +143,19 @@ class HarborSandbox(Sandbox):
         where = {"import_path": kind} if ":" in kind else {"type": kind}
         trial_paths = TrialPaths(scratch / "trial")
         trial_paths.mkdir()
-        task = Task(self.spec.environment_dir.parent)
-        session = f"skyrl-{uuid.uuid4().hex[:12]}"
+        task_env = Task(self.spec.environment_dir.parent).config.environment
+        if image is not None:
+            task_env = task_env.model_copy(update={"docker_image": image})
+        options: dict[str, Any] = dict(
+            environment_dir=self.spec.environment_dir,
+            environment_name=self.spec.name.replace("/", "-"),
+            session_id=f"skyrl-{uuid.uuid4().hex[:12]}", trial_paths=trial_paths,
+            task_env_config=task_env)
         try:
+            if kind == "docker" and compose_frontend() == "v1":
+                return compose1_environment()(**options)
             return EnvironmentFactory.create_environment_from_config(
-                EnvironmentConfig(**where), environment_dir=self.spec.environment_dir,
-                environment_name=self.spec.name.replace("/", "-"), session_id=session,
-                trial_paths=trial_paths, task_env_config=task.config.environment)
+                EnvironmentConfig(**where), **options)
         except (ValueError, ImportError) as exc:
             raise UnsupportedEnvironment(f"harbor environment {kind!r}: {exc}") from None
 
@@ -157,8 +197,13 @@ class HarborSandbox(Sandbox):
                           _cut(result.stderr, size), timed_out, duration)
 
     async def kill_processes(self) -> None:
+        # An adopted environment (a Harbor trial's, over our sandbox) has the docker keeper.
         # Run straight, not under exec()'s `timeout`: kill -1 would end that wrapper too.
-        result = await self._running().exec(f"bash -c {shlex.quote(KILL_ALL)}", timeout_sec=60,
+        if self._own_processes is None:
+            script = KILL_ALL
+        else:
+            script = f"KEEP={shlex.quote(self._own_processes)}; {KILL_LATER}"
+        result = await self._running().exec(f"bash -c {shlex.quote(script)}", timeout_sec=60,
                                             user=0)
         if result.return_code != 0:
             raise SandboxError(f"sandbox {self.spec.name}: processes could not be killed "
