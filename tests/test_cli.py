@@ -37,6 +37,12 @@ def test_version():
     assert result.stdout.strip() == f"skyrl-agent {__version__}"
 
 
+def test_an_error_line_keeps_the_brackets_of_what_the_user_typed():
+    """Rich would read `[bold]` in a user's input as markup and drop it from the error line."""
+    result = run("rollout", "--tasks", "nosuch[bold]set")
+    assert_one_line_error(result, "nosuch[bold]set")
+
+
 def test_tasks_list_and_show():
     sets = run("tasks", "list")
     assert sets.returncode == 0 and "demo" in sets.stdout

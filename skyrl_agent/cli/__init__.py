@@ -11,6 +11,7 @@ import sys
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from skyrl_agent import __version__
 from skyrl_agent.cli import (
@@ -61,10 +62,11 @@ def main(argv: list[str] | None = None) -> None:
     try:
         app(args=argv)
     except UserError as exc:
-        err_console.print(f"[red]error:[/red] {exc}", markup=True, highlight=False)
+        err_console.print(f"[red]error:[/red] {escape(str(exc))}", markup=True, highlight=False)
         sys.exit(2)
     except RunStopped as exc:
-        err_console.print(f"[red]stopped:[/red] {exc}", markup=True, highlight=False)
+        err_console.print(f"[red]stopped:[/red] {escape(str(exc))}", markup=True,
+                          highlight=False)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         err_console.print("interrupted; work already stored is kept")

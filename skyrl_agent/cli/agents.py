@@ -12,6 +12,7 @@ app = typer.Typer(no_args_is_help=True, help="Agents installed as plug-ins.")
 @app.command("list")
 def agents_list() -> None:
     """List the agents registered under the `skyrl_agent.agents` entry-point group."""
+    from rich.markup import escape
     from rich.table import Table
 
     from skyrl_agent import plugins
@@ -21,7 +22,7 @@ def agents_list() -> None:
         try:
             cls = agent_class(name)
         except Exception as exc:  # noqa: BLE001 - a broken plug-in must not hide the others
-            table.add_row(name, "?", f"[red]cannot load: {exc}[/red]")
+            table.add_row(name, "?", f"[red]cannot load: {escape(str(exc))}[/red]")
             continue
         doc = (cls.__doc__ or "").strip().splitlines()
         table.add_row(name, "yes" if cls.needs_model else "no", doc[0] if doc else "")
