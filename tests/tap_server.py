@@ -6,7 +6,6 @@ the server sampled" is checked against the server's own replies, not against the
 
 from __future__ import annotations
 
-import socket
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,11 +44,8 @@ class TapServer:
         app.router.add_route("*", "/{tail:.*}", self._forward)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        await web.TCPSite(self._runner, "127.0.0.1", port).start()
-        self.url = f"http://127.0.0.1:{port}"
+        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
+        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
         return self
 
     async def __aexit__(self, *exc: object) -> None:

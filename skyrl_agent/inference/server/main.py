@@ -13,8 +13,12 @@ import logging
 import signal
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from skyrl_agent.errors import ConfigError
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 
 @dataclass(frozen=True)
@@ -75,28 +79,34 @@ def served_name(options: ServeOptions) -> str:
     return path.name if path.is_dir() else options.model
 
 
-async def serve(options: ServeOptions) -> None:
+async def serve_until_stopped(app: web.Application, host: str, port: int) -> None:
+    """Serve `app` on host:port until SIGTERM or SIGINT, printing the ready line once bound."""
     from aiohttp import web
 
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+        bound = runner.addresses[0][1]
+        print(json.dumps({"event": "ready", "url": f"http://{host}:{bound}"}), flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+async def serve(options: ServeOptions) -> None:
     from skyrl_agent.inference.server.app import EmbeddedServer
 
     engine, tokenizer = await asyncio.to_thread(load_engine, options)
     engine.start()
-    runner = web.AppRunner(EmbeddedServer(engine, tokenizer, served_name(options)).app(),
-                           access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, options.host, options.port)
-    await site.start()
-    port = runner.addresses[0][1]
-    print(json.dumps({"event": "ready", "url": f"http://{options.host}:{port}"}), flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     try:
-        await stop.wait()
+        await serve_until_stopped(EmbeddedServer(engine, tokenizer, served_name(options)).app(),
+                                  options.host, options.port)
     finally:
-        await runner.cleanup()
         engine.close()
 
 
