@@ -26,9 +26,7 @@ Run: .venv/bin/python benchmarks/learning_curve.py [--seeds 0 1 2] [--rl-steps 3
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
-import signal
 import statistics
 import sys
 import time
@@ -36,17 +34,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from skyrl_agent.config import RunConfig, load_config
+from skyrl_agent.errors import RunStopped
 from skyrl_agent.evaluation.recipe import (
     RecipeSettings,
     Score,
     demos_job,
     eval_job,
-    in_child,
     model_done,
     rl_stage,
     score,
     sft_stage,
 )
+from skyrl_agent.stopping import in_child, run_until_stopped, stop_on_sigterm
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -81,7 +80,7 @@ def timed(stages: dict[str, Stage], name: str, work):
 
 def run_job(job, *args):
     try:
-        return asyncio.run(job.run(*args))
+        return run_until_stopped(lambda: job.run(*args))
     finally:
         job.close()
 
@@ -202,12 +201,16 @@ def write_results(args: argparse.Namespace, settings: RecipeSettings, runs: list
     print("\n".join(lines))
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt  # SIGTERM unwinds like Ctrl-C: servers and sandboxes are stopped
-
-
 def main() -> None:
-    signal.signal(signal.SIGTERM, _interrupt)
+    stop_on_sigterm()  # a stopped benchmark stops its stage (and its child) on the way out
+    try:
+        run(parse_args())
+    except (RunStopped, KeyboardInterrupt) as stopped:
+        print(f"stopped: {stopped or 'interrupted'}; the same command resumes", file=sys.stderr)
+        sys.exit(getattr(stopped, "exit_code", 130))
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--output", type=Path, default=Path("runs/learning-curve"))
     parser.add_argument("--results", type=Path, default=RESULTS)
@@ -228,7 +231,10 @@ def main() -> None:
         "trainer.lora_rank=16", "trainer.skip_uniform_groups=true",
         "trainer.micro_batch_tokens=1024"],
         help="config overrides (section.key=value), after the defaults shown")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> None:
     settings = RecipeSettings(args.families, args.train_seeds, args.heldout_seeds,
                               args.sft_epochs, 8, args.sft_lr, args.rl_steps, args.rl_lr, args.n,
                               args.groups_per_step, args.eval_samples)

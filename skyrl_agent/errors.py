@@ -1,5 +1,7 @@
 """Errors that reach the user as one clear line, never as a traceback."""
 
+from __future__ import annotations
+
 
 class UserError(Exception):
     """Bad input from the user: a config, a task, a name. The CLI prints it and exits 2."""
@@ -24,3 +26,6 @@ class RunStopped(Exception):
     def __init__(self, message: str, exit_code: int = 1) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+
+    def __reduce__(self) -> tuple[type[RunStopped], tuple[str, int]]:
+        return type(self), (str(self), self.exit_code)  # keeps the exit code across processes

@@ -29,6 +29,7 @@ from skyrl_agent.cli import (
 )
 from skyrl_agent.cli.common import console, err_console
 from skyrl_agent.errors import RunStopped, UserError
+from skyrl_agent.stopping import stop_on_sigterm
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False,
                   help="skyrl-agent: an RL gym for LLM agents in sandboxes.")
@@ -59,6 +60,7 @@ def _root(version: Annotated[bool, typer.Option(
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: user errors and stopped runs become one line."""
+    stop_on_sigterm()
     try:
         app(args=argv)
     except UserError as exc:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import signal
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -13,7 +11,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from skyrl_agent.errors import RunStopped
+from skyrl_agent.stopping import run_until_stopped
 
 console = Console(soft_wrap=True)  # piped output keeps whole lines
 err_console = Console(stderr=True, soft_wrap=True)
@@ -70,35 +68,8 @@ def run_with_progress[T](make_coro: Callable[[Callable[[Any], None]], Coroutine[
         per_minute = done / max(time.monotonic() - started, 1e-6) * 60
         progress.update(bar, advance=1, status=f"{status(result)} · {per_minute:.1f}/min")
 
-    async def runner() -> T:
-        main = asyncio.current_task()
-        assert main is not None
-        terminated = False
-
-        def on_sigterm() -> None:
-            nonlocal terminated
-            terminated = True
-            main.cancel()
-
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, on_sigterm)
-        try:
-            return await make_coro(finished)
-        except asyncio.CancelledError:
-            await _drain(main)
-            if terminated:
-                raise RunStopped("terminated by SIGTERM; work already stored is kept",
-                                 exit_code=143) from None
-            raise
-
     with progress:
-        return asyncio.run(runner())
-
-
-async def _drain(main: asyncio.Task[Any]) -> None:
-    """Let clean-ups still running elsewhere finish (e.g. a sandbox's shielded stop()):
-    asyncio.run would cancel them halfway once the main task returns."""
-    others = [task for task in asyncio.all_tasks() if task is not main]
-    await asyncio.gather(*others, return_exceptions=True)
+        return run_until_stopped(lambda: make_coro(finished))
 
 
 def median(values: list[float]) -> float:

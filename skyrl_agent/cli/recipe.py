@@ -88,7 +88,8 @@ def _demos(base: RunConfig, settings: RecipeSettings, layout: Layout) -> None:
 
 
 def _sft(base: RunConfig, settings: RecipeSettings, layout: Layout) -> None:
-    from skyrl_agent.evaluation.recipe import in_child, model_done, sft_stage
+    from skyrl_agent.evaluation.recipe import model_done, sft_stage
+    from skyrl_agent.stopping import in_child
 
     if model_done(layout.sft_model):
         console.print(f"sft: done before -> {layout.sft_model}")
@@ -101,7 +102,8 @@ def _sft(base: RunConfig, settings: RecipeSettings, layout: Layout) -> None:
 
 
 def _train(base: RunConfig, settings: RecipeSettings, layout: Layout) -> None:
-    from skyrl_agent.evaluation.recipe import in_child, model_done, rl_done, rl_stage
+    from skyrl_agent.evaluation.recipe import model_done, rl_done, rl_stage
+    from skyrl_agent.stopping import in_child
 
     if rl_done(layout.train, settings) and model_done(layout.rl_model):
         console.print(f"train: done before -> {layout.train}")

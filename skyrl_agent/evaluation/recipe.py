@@ -14,22 +14,18 @@ trainers refuse them besides).
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
-import multiprocessing
 import os
 import shutil
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from skyrl_agent.collector.demos import DemoJob
 from skyrl_agent.collector.run import Rollout
 from skyrl_agent.config import RunConfig, config_from
 from skyrl_agent.data.store import TrajectoryStore
+from skyrl_agent.stopping import run_until_stopped
 from skyrl_agent.tasks.generated import parse_ref
 from skyrl_agent.trainers.checkpoints import Checkpoints
 from skyrl_agent.trainers.metrics import read_metrics
@@ -206,29 +202,10 @@ def rl_stage(config: RunConfig, settings: RecipeSettings, model: Path, output: P
     `target`; the mean reward of every step."""
     job = rl_job(config, settings, model, output)
     if not rl_done(output, settings):
-        asyncio.run(job.run())
+        run_until_stopped(job.run)
     if not model_done(target):
         export_rl(job, target)
     return [float(row["reward_mean"]) for row in read_metrics(output)]
-
-
-def in_child[T](function: Callable[..., T], *args: Any, log_file: Path | None = None) -> T:
-    """`function(*args)` in a fresh process, its result returned. A torch trainer's allocator
-    keeps gigabytes after the work is done (glibc arenas per thread), so a training stage that
-    ran in the recipe's own process would stay in its memory for every later stage; a child's
-    memory goes back to the system when it ends."""
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=1, mp_context=context,
-                             initializer=_child_logging, initargs=(log_file,)) as pool:
-        return pool.submit(function, *args).result()
-
-
-def _child_logging(log_file: Path | None) -> None:
-    logging.getLogger("skyrl_agent").setLevel(logging.INFO)
-    if log_file is not None:
-        handler = logging.FileHandler(log_file, encoding="utf-8")
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        logging.getLogger().addHandler(handler)
 
 
 def model_done(folder: Path) -> bool:
