@@ -7,7 +7,7 @@ families in local sandboxes, separate-mode verification, the torch trainer.
 
 1. demonstrations of the families' training seeds (`demos`), once;
 2. SFT on them (`sft`), once: the warm start every seed starts from (training it per seed is the
-   faithful version; on 2 shared cores it costs a quarter of an hour each). The training stages
+   faithful version; on 2 shared cores it costs about 6 minutes each). The training stages
    run in child processes: a torch trainer's memory is only returned when its process ends;
 3. per seed: held-out evaluation of the base and of the SFT model, `train` (RL, GRPO) from the
    SFT model on the training seeds, its last checkpoint exported, and its held-out evaluation.
@@ -19,13 +19,14 @@ pass@1 of the policy RL optimizes. Writes a markdown table and a PNG (`--results
 both verdicts: SFT above the base model, and RL above SFT by more than the seed-to-seed spread
 (the larger of the SFT and RL ranges over seeds).
 
-Run: .venv/bin/python benchmarks/learning_curve.py [--seeds 0 1 2] [--rl-steps 3] ...
-(about three quarters of an hour on 2 shared cores at the defaults)
+Run: .venv/bin/python benchmarks/learning_curve.py [--seeds 0 1 2] [--rl-steps 8] ...
+(about an hour and a half on 2 shared cores at the defaults)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -34,7 +35,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from skyrl_agent.config import RunConfig, load_config
-from skyrl_agent.errors import RunStopped
+from skyrl_agent.data.store import TrajectoryStore
+from skyrl_agent.errors import RunStopped, UserError
 from skyrl_agent.evaluation.recipe import (
     RecipeSettings,
     Score,
@@ -46,6 +48,7 @@ from skyrl_agent.evaluation.recipe import (
     sft_stage,
 )
 from skyrl_agent.stopping import in_child, run_until_stopped, stop_on_sigterm
+from skyrl_agent.tasks.families.base import TASK_NAME
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -57,6 +60,8 @@ class SeedRun:
     seconds: dict[str, float] = field(default_factory=dict)
     rl_rewards: list[float] = field(default_factory=list)
     """Training reward (mean over the step's samples) per RL step."""
+    families: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict)
+    """Per model: passed and unmasked held-out samples of each task family."""
 
 
 @dataclass
@@ -68,13 +73,35 @@ class Stage:
     load_after: float
 
 
-def timed(stages: dict[str, Stage], name: str, work):
+@dataclass
+class Stages:
+    """Every stage's wall-clock, kept in the output folder as each one ends: a resumed run
+    reports the pass that did a stage's work, not the moment it took to skip it."""
+
+    path: Path
+    done: dict[str, Stage] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, path: Path) -> Stages:
+        stored = json.loads(path.read_text()) if path.exists() else {}
+        return cls(path, {name: Stage(**stage) for name, stage in stored.items()})
+
+    def record(self, name: str, stage: Stage) -> None:
+        self.done[name] = stage
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps({k: asdict(v) for k, v in self.done.items()}, indent=1))
+
+
+def timed(stages: Stages, name: str, work):
     load = os.getloadavg()[0]
     started = time.monotonic()
     result = work()
-    stages[name] = Stage(time.monotonic() - started, load, os.getloadavg()[0])
-    print(f"  {name}: {stages[name].seconds:.0f} s (load {load:.1f} -> "
-          f"{stages[name].load_after:.1f})", flush=True)
+    if name in stages.done:
+        print(f"  {name}: done in an earlier pass", flush=True)
+        return result
+    stages.record(name, Stage(time.monotonic() - started, load, os.getloadavg()[0]))
+    print(f"  {name}: {stages.done[name].seconds:.0f} s (load {load:.1f} -> "
+          f"{stages.done[name].load_after:.1f})", flush=True)
     return result
 
 
@@ -86,7 +113,7 @@ def run_job(job, *args):
 
 
 def warm_start(config: RunConfig, settings: RecipeSettings, root: Path,
-               stages: dict[str, Stage]) -> Path:
+               stages: Stages) -> Path:
     demos = root / "demos"
     timed(stages, "demos", lambda: run_job(demos_job(config, settings.train_source, demos)))
     model = root / "sft-model"
@@ -102,8 +129,20 @@ def evaluate(config: RunConfig, settings: RecipeSettings, model: str, output: Pa
     return score(output)
 
 
+def by_family(run_dir: Path) -> dict[str, tuple[int, int]]:
+    """Passed and unmasked samples of each generated task family in a run."""
+    counts: dict[str, tuple[int, int]] = {}
+    for trajectory in TrajectoryStore(run_dir).load().trajectories:
+        match = TASK_NAME.match(trajectory.task_id)
+        if match is None or trajectory.masked:
+            continue
+        passed, samples = counts.get(match["family"], (0, 0))
+        counts[match["family"]] = (passed + (trajectory.reward.value >= 1.0), samples + 1)
+    return counts
+
+
 def one_seed(config: RunConfig, settings: RecipeSettings, sft_model: Path, root: Path,
-             seed: int, stages: dict[str, Stage]) -> SeedRun:
+             seed: int, stages: Stages) -> SeedRun:
     config = config.model_copy(update={"seed": seed})
     out = root / f"seed-{seed}"
     result = SeedRun(seed)
@@ -118,6 +157,7 @@ def one_seed(config: RunConfig, settings: RecipeSettings, sft_model: Path, root:
         log_file=root / "stages.log"))
     result.scores["rl"] = timed(stages, f"seed {seed} eval rl", lambda: evaluate(
         config, settings, str(rl_model), out / "eval-rl"))
+    result.families = {m: by_family(out / f"eval-{m}") for m in result.scores}
     print(f"  seed {seed}: " + ", ".join(f"{k} {v.pass_rate:.3f}" for k, v in
                                          result.scores.items()), flush=True)
     return result
@@ -157,6 +197,16 @@ def table(runs: list[SeedRun]) -> list[str]:
     return rows
 
 
+def family_table(runs: list[SeedRun]) -> list[str]:
+    names = sorted({f for r in runs for counts in r.families.values() for f in counts})
+    rows = ["| seed | model | " + " | ".join(names) + " |", "|---|---|" + "---:|" * len(names)]
+    for r in runs:
+        for model, counts in r.families.items():
+            cells = [f"{counts[f][0]}/{counts[f][1]}" if f in counts else "-" for f in names]
+            rows.append(f"| {r.seed} | {model} | " + " | ".join(cells) + " |")
+    return rows
+
+
 def plot(runs: list[SeedRun], path: Path, steps: int) -> None:
     import matplotlib
 
@@ -182,7 +232,8 @@ def plot(runs: list[SeedRun], path: Path, steps: int) -> None:
 
 
 def write_results(args: argparse.Namespace, settings: RecipeSettings, runs: list[SeedRun],
-                  stages: dict[str, Stage], wall: float) -> None:
+                  stages: Stages) -> None:
+    wall = sum(stage.seconds for stage in stages.done.values())
     args.results.mkdir(parents=True, exist_ok=True)
     png = args.results / "learning_curve.png"
     plot(runs, png, settings.rl_steps)
@@ -192,10 +243,11 @@ def write_results(args: argparse.Namespace, settings: RecipeSettings, runs: list
              f"; overrides: {' '.join(args.set)}", "",
              f"Held-out tasks: `{settings.heldout_source}`; training tasks: "
              f"`{settings.train_source}`.", "", *table(runs), "", *verdicts(runs), "",
+             "Held-out samples passed, by task family:", "", *family_table(runs), "",
              f"![curve]({png.name})", "", "| stage | seconds | load before | load after |",
              "|---|---:|---:|---:|",
              *[f"| {k} | {v.seconds:.0f} | {v.load_before:.1f} | {v.load_after:.1f} |"
-               for k, v in stages.items()],
+               for k, v in stages.done.items()],
              "", f"Wall-clock, all stages: {wall / 60:.1f} min on {os.cpu_count()} cores."]
     (args.results / "learning_curve.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
@@ -205,6 +257,9 @@ def main() -> None:
     stop_on_sigterm()  # a stopped benchmark stops its stage (and its child) on the way out
     try:
         run(parse_args())
+    except UserError as error:  # e.g. an output folder holding a run with other settings
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
     except (RunStopped, KeyboardInterrupt) as stopped:
         print(f"stopped: {stopped or 'interrupted'}; the same command resumes", file=sys.stderr)
         sys.exit(getattr(stopped, "exit_code", 130))
@@ -215,16 +270,16 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--output", type=Path, default=Path("runs/learning-curve"))
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--families", default="write-file,count,sort-lines,replace-text")
-    parser.add_argument("--train-seeds", type=int, default=8)
-    parser.add_argument("--heldout-seeds", type=int, default=4)
+    parser.add_argument("--families", default="write-file,replace-text,sort-lines")
+    parser.add_argument("--train-seeds", type=int, default=16)
+    parser.add_argument("--heldout-seeds", type=int, default=6)
     parser.add_argument("--sft-epochs", type=int, default=2)
     parser.add_argument("--sft-lr", type=float, default=5e-5)
-    parser.add_argument("--rl-steps", type=int, default=3)
-    parser.add_argument("--rl-lr", type=float, default=2e-4)
-    parser.add_argument("--n", type=int, default=4)
-    parser.add_argument("--groups-per-step", type=int, default=3)
-    parser.add_argument("--eval-samples", type=int, default=2)
+    parser.add_argument("--rl-steps", type=int, default=8)
+    parser.add_argument("--rl-lr", type=float, default=5e-4)
+    parser.add_argument("--n", type=int, default=8)
+    parser.add_argument("--groups-per-step", type=int, default=2)
+    parser.add_argument("--eval-samples", type=int, default=4)
     parser.add_argument("--set", action="append", default=[
         "agent.name=terminus", "agent.max_turns=2", "inference.max_tokens=112",
         "agent.timeout_s=900", "collector.max_concurrent_sandboxes=16",
@@ -240,14 +295,13 @@ def run(args: argparse.Namespace) -> None:
                               args.groups_per_step, args.eval_samples)
     settings.check()
     config = load_config(None, args.set)
-    stages: dict[str, Stage] = {}
-    started = time.monotonic()
+    stages = Stages.load(args.output / "stages.json")
     print(f"warm start -> {args.output}", flush=True)
     sft_model = warm_start(config.model_copy(update={"trainer": config.trainer.model_copy(
         update={"lora_rank": 0})}), settings, args.output, stages)
     runs = [one_seed(config, settings, sft_model, args.output, seed, stages)
             for seed in args.seeds]
-    write_results(args, settings, runs, stages, time.monotonic() - started)
+    write_results(args, settings, runs, stages)
 
 
 if __name__ == "__main__":
