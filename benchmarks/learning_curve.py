@@ -57,7 +57,6 @@ RESULTS = Path(__file__).parent / "results"
 class SeedRun:
     seed: int
     scores: dict[str, Score] = field(default_factory=dict)
-    seconds: dict[str, float] = field(default_factory=dict)
     rl_rewards: list[float] = field(default_factory=list)
     """Training reward (mean over the step's samples) per RL step."""
     families: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict)
@@ -260,9 +259,12 @@ def main() -> None:
     except UserError as error:  # e.g. an output folder holding a run with other settings
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
-    except (RunStopped, KeyboardInterrupt) as stopped:
-        print(f"stopped: {stopped or 'interrupted'}; the same command resumes", file=sys.stderr)
-        sys.exit(getattr(stopped, "exit_code", 130))
+    except RunStopped as stopped:
+        print(f"stopped: {stopped}; the same command resumes", file=sys.stderr)
+        sys.exit(stopped.exit_code)
+    except KeyboardInterrupt:
+        print("stopped: interrupted; the same command resumes", file=sys.stderr)
+        sys.exit(130)
 
 
 def parse_args() -> argparse.Namespace:

@@ -32,7 +32,11 @@ def stop_on_sigterm() -> None:
 
 
 def _raise_stopped(signum: int, frame: object) -> None:
-    raise RunStopped("terminated by SIGTERM; work already stored is kept", exit_code=143)
+    raise _stopped_by_sigterm()
+
+
+def _stopped_by_sigterm() -> RunStopped:
+    return RunStopped("terminated by SIGTERM; work already stored is kept", exit_code=143)
 
 
 def run_until_stopped[T](make_coro: Callable[[], Coroutine[Any, Any, T]]) -> T:
@@ -55,8 +59,7 @@ def run_until_stopped[T](make_coro: Callable[[], Coroutine[Any, Any, T]]) -> T:
         except asyncio.CancelledError:
             await _drain(main)
             if terminated:
-                raise RunStopped("terminated by SIGTERM; work already stored is kept",
-                                 exit_code=143) from None
+                raise _stopped_by_sigterm() from None
             raise
 
     previous = signal.getsignal(signal.SIGTERM)
