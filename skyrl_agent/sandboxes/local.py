@@ -27,7 +27,6 @@ import os
 import secrets
 import shlex
 import shutil
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -50,11 +49,10 @@ from skyrl_agent.sandboxes.base import (
 )
 from skyrl_agent.sandboxes.cgroups import Cgroup, cgroups_available
 from skyrl_agent.sandboxes.local_disk import (
-    OWNER_FILE,
     can_mount,
     mount_disk,
-    process_identity,
     remove_tree,
+    sandbox_folder_name,
     sandboxes_folder,
     unmount,
 )
@@ -168,9 +166,9 @@ class LocalSandbox(Sandbox):
         self._plan = plan_local(self.spec)
         base = sandboxes_folder(self.config.work_root)
         base.mkdir(parents=True, exist_ok=True)
-        self._dir = Path(tempfile.mkdtemp(prefix=self.id + "-", dir=base))
-        self._dir.chmod(0o711)  # the unprivileged sandbox user must reach root/ to mount it
-        (self._dir / OWNER_FILE).write_text(f"{process_identity(os.getpid())}\n{self.id}\n")
+        self._dir = base / sandbox_folder_name(self.id)
+        self._dir.mkdir(mode=0o711)  # the unprivileged sandbox user must reach root/ to mount it
+        self._dir.chmod(0o711)  # whatever the umask
         if os.geteuid() == 0:
             _require_traversable(base)
         await _to_thread_to_the_end(self._mount_disk)

@@ -15,7 +15,10 @@ from pathlib import Path
 from skyrl_agent.sandboxes.base import SandboxError
 from skyrl_agent.sandboxes.cgroups import Cgroup, abandoned_cgroups, cgroups_available
 
-OWNER_FILE = "owner"  # "<pid>:<start time>" of the process that made the sandbox, and its id
+# A sandbox's folder is named "<sandbox id>@<pid>:<start time>" of the process that made it. A
+# name cannot be half-written: a run killed while it makes or removes the folder still leaves
+# its owner readable, where an owner file inside may not exist yet or be gone already.
+OWNER_MARK = "@"
 log = logging.getLogger(__name__)
 
 
@@ -68,6 +71,11 @@ def remove_tree(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def sandbox_folder_name(sandbox_id: str) -> str:
+    """The folder name of a sandbox this process makes: its id and this process's identity."""
+    return f"{sandbox_id}{OWNER_MARK}{process_identity(os.getpid())}"
+
+
 def sandboxes_folder(work_root: Path | None) -> Path:
     """Where local sandboxes keep their folders: `sandbox.work_root`, or one in the temp dir."""
     return work_root or Path(tempfile.gettempdir()) / "skyrl-agent-sandboxes"
@@ -80,11 +88,11 @@ def reap_stale_sandboxes(work_root: Path | None = None) -> int:
     base = sandboxes_folder(work_root)
     removed = 0
     for folder in base.glob("*") if base.is_dir() else []:
-        try:
-            owner, sandbox_id = (folder / OWNER_FILE).read_text().split()
-        except (OSError, ValueError):
-            continue
-        if process_identity(int(owner.split(":")[0])) == owner:
+        sandbox_id, mark, owner = folder.name.rpartition(OWNER_MARK)
+        pid = owner.partition(":")[0]
+        if not mark or not pid.isdigit():
+            continue  # not a sandbox folder
+        if process_identity(int(pid)) == owner:
             continue  # its owner still runs
         if cgroups_available() and not Cgroup(sandbox_id).remove():
             continue  # still busy: the next reaping retries
