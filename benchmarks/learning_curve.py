@@ -10,7 +10,8 @@ families in local sandboxes, separate-mode verification, the torch trainer.
    faithful version; on 2 shared cores it costs about 6 minutes each). The training stages
    run in child processes: a torch trainer's memory is only returned when its process ends;
 3. per seed: held-out evaluation of the base and of the SFT model, `train` (RL, GRPO) from the
-   SFT model on the training seeds, its last checkpoint exported, and its held-out evaluation.
+   SFT model on the training seeds (`--rl-seeds` may take more than the demonstrations
+   cover), its last checkpoint exported, and its held-out evaluation.
    The seed drives RL's sampling and shuffle and the evaluations' sampling.
 
 Held-out tasks are the families' held-out seeds (never in demonstrations, SFT or RL data: the
@@ -31,7 +32,7 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from skyrl_agent.config import RunConfig, load_config
@@ -141,13 +142,14 @@ def by_family(run_dir: Path) -> dict[str, tuple[int, int]]:
 
 
 def one_seed(config: RunConfig, settings: RecipeSettings, sft_model: Path, root: Path,
-             seed: int, stages: Stages) -> SeedRun:
+             seed: int, stages: Stages, base_samples: int) -> SeedRun:
     config = config.model_copy(update={"seed": seed})
     out = root / f"seed-{seed}"
     result = SeedRun(seed)
     base = config.inference.model
+    base_settings = replace(settings, eval_samples=base_samples or settings.eval_samples)
     result.scores["base"] = timed(stages, f"seed {seed} eval base", lambda: evaluate(
-        config, settings, base, out / "eval-base"))
+        config, base_settings, base, out / "eval-base"))
     result.scores["sft"] = timed(stages, f"seed {seed} eval sft", lambda: evaluate(
         config, settings, str(sft_model), out / "eval-sft"))
     rl_model = out / "rl-model"
@@ -240,8 +242,9 @@ def write_results(args: argparse.Namespace, settings: RecipeSettings, runs: list
              f"Command: `.venv/bin/python benchmarks/learning_curve.py {' '.join(sys.argv[1:])}`",
              "", "Settings: " + ", ".join(f"{k}={v}" for k, v in asdict(settings).items()),
              f"; overrides: {' '.join(args.set)}", "",
-             f"Held-out tasks: `{settings.heldout_source}`; training tasks: "
-             f"`{settings.train_source}`.", "", *table(runs), "", *verdicts(runs), "",
+             f"Held-out tasks: `{settings.heldout_source}`; demonstrations: "
+             f"`{settings.train_source}`; RL: `{settings.rl_source}`.", "", *table(runs), "",
+             *verdicts(runs), "",
              "Held-out samples passed, by task family:", "", *family_table(runs), "",
              f"![curve]({png.name})", "", "| stage | seconds | load before | load after |",
              "|---|---:|---:|---:|",
@@ -282,6 +285,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--groups-per-step", type=int, default=2)
     parser.add_argument("--eval-samples", type=int, default=4)
+    parser.add_argument("--base-eval-samples", type=int, default=0,
+                        help="samples per held-out task for the base model (0: --eval-samples); "
+                        "it passes none, and its replies run to the token limit")
+    parser.add_argument("--rl-seeds", type=int, default=0,
+                        help="training seeds per family for RL (0: the demonstrations' seeds)")
     parser.add_argument("--set", action="append", default=[
         "agent.name=terminus", "agent.max_turns=2", "inference.max_tokens=112",
         "agent.timeout_s=900", "collector.max_concurrent_sandboxes=16",
@@ -294,14 +302,15 @@ def parse_args() -> argparse.Namespace:
 def run(args: argparse.Namespace) -> None:
     settings = RecipeSettings(args.families, args.train_seeds, args.heldout_seeds,
                               args.sft_epochs, 8, args.sft_lr, args.rl_steps, args.rl_lr, args.n,
-                              args.groups_per_step, args.eval_samples)
+                              args.groups_per_step, args.eval_samples, args.rl_seeds)
     settings.check()
     config = load_config(None, args.set)
     stages = Stages.load(args.output / "stages.json")
     print(f"warm start -> {args.output}", flush=True)
     sft_model = warm_start(config.model_copy(update={"trainer": config.trainer.model_copy(
         update={"lora_rank": 0})}), settings, args.output, stages)
-    runs = [one_seed(config, settings, sft_model, args.output, seed, stages)
+    runs = [one_seed(config, settings, sft_model, args.output, seed, stages,
+                     args.base_eval_samples)
             for seed in args.seeds]
     write_results(args, settings, runs, stages)
 

@@ -8,6 +8,8 @@ import json
 import pytest
 
 from skyrl_agent.data.store import TrajectoryStore
+from skyrl_agent.errors import TaskError
+from skyrl_agent.evaluation.recipe import RecipeSettings
 from skyrl_agent.tasks.families import split_of
 from skyrl_agent.trainers.batch import sft_data
 from tests.test_cli import run
@@ -15,7 +17,8 @@ from tests.test_cli import run
 pytestmark = pytest.mark.slow
 ARGS = ["--families", "count,sort-lines", "--train-seeds", "2", "--heldout-seeds", "1",
         "--sft-epochs", "1", "--rl-steps", "1", "--n", "2", "--groups-per-step", "2",
-        "--eval-samples", "1", "--set", "agent.max_turns=2", "--set", "inference.max_tokens=112"]
+        "--eval-samples", "1", "--rl-seeds", "3", "--set", "agent.max_turns=2",
+        "--set", "inference.max_tokens=112"]
 
 
 def test_recipe_runs_every_stage_on_the_right_split(tmp_path, tiny_model_dir):
@@ -31,6 +34,9 @@ def test_recipe_runs_every_stage_on_the_right_split(tmp_path, tiny_model_dir):
     trained = TrajectoryStore(out / "train").load().trajectories
     assert len(demos) == 4 and len(trained) >= 4
     assert {split_of(t.task_id) for t in demos + trained} == {"train"}
+    # RL samples from 3 training seeds a family, of which the demonstrations covered 2.
+    rl_source = json.loads((out / "train" / "config.json").read_text())["config"]["tasks"]
+    assert rl_source["source"] == "gen:count,sort-lines:train:3"
     assert sum(d.num_loss_tokens for d in sft_data(demos)) > 0  # what sft trained on
     for model in ("base", "sft", "rl"):
         evaluated = TrajectoryStore(out / f"eval-{model}").load().trajectories
@@ -46,3 +52,10 @@ def test_recipe_runs_every_stage_on_the_right_split(tmp_path, tiny_model_dir):
     assert again.returncode == 0, again.stderr
     assert "sft: done before" in again.stdout and "train: done before" in again.stdout
     assert len(TrajectoryStore(out / "train").load().trajectories) == len(trained)
+
+
+def test_rl_seeds_default_to_the_demonstrations_and_are_checked():
+    assert RecipeSettings(train_seeds=5).rl_source == RecipeSettings(train_seeds=5).train_source
+    assert RecipeSettings(train_seeds=5, rl_seeds=9).rl_source.endswith(":train:9")
+    with pytest.raises(TaskError, match="count must be"):
+        RecipeSettings(rl_seeds=10_001).check()  # past the training split

@@ -44,6 +44,8 @@ def recipe(
     n: Annotated[int, typer.Option("--n", min=2, help="RL group size.")] = 4,
     groups_per_step: Annotated[int, typer.Option(min=1)] = 4,
     eval_samples: Annotated[int, typer.Option(min=1, help="Samples per held-out task.")] = 2,
+    rl_seeds: Annotated[int, typer.Option(min=0, help="Training seeds per family for RL "
+                                          "(0: the demonstrations' seeds).")] = 0,
     config: ConfigOption = None,
     overrides: SetOption = None,
 ) -> None:
@@ -56,7 +58,7 @@ def recipe(
 
     setup_logging()
     settings = RecipeSettings(families, train_seeds, heldout_seeds, sft_epochs, 8, sft_lr,
-                              rl_steps, rl_lr, n, groups_per_step, eval_samples)
+                              rl_steps, rl_lr, n, groups_per_step, eval_samples, rl_seeds)
     settings.check()
     base = load_config(config, [*DEFAULTS, f"agent.name={agent}", *(overrides or [])])
     layout = Layout(output)

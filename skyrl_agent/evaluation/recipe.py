@@ -56,10 +56,18 @@ class RecipeSettings:
     groups_per_step: int = 4
     eval_samples: int = 2
     """Samples per held-out task for each evaluated model."""
+    rl_seeds: int = 0
+    """Training seeds per family RL samples from, counted from the same first seed (0: the
+    demonstrations' `train_seeds`). More gives RL tasks the warm start never saw: on the ones it
+    memorized nearly every group passes whole, and a uniform group teaches GRPO nothing."""
 
     @property
     def train_source(self) -> str:
         return f"gen:{self.families}:train:{self.train_seeds}"
+
+    @property
+    def rl_source(self) -> str:
+        return f"gen:{self.families}:train:{self.rl_seeds or self.train_seeds}"
 
     @property
     def heldout_source(self) -> str:
@@ -67,7 +75,8 @@ class RecipeSettings:
 
     def check(self) -> None:
         """Bad families or seed counts fail here, with one line, before any stage runs."""
-        parse_ref(self.train_source.removeprefix("gen:"))
+        for source in (self.train_source, self.rl_source):
+            parse_ref(source.removeprefix("gen:"))
         parse_ref(self.heldout_source.removeprefix("gen:"))
 
 
@@ -108,7 +117,7 @@ def sft_plan(config: RunConfig, settings: RecipeSettings, demos: Path) -> tuple[
 def rl_job(config: RunConfig, settings: RecipeSettings, model: Path, output: Path) -> TrainJob:
     """The RL run from `model` on the training split; resumed when it was started before."""
     rl_config = stage_config(
-        config, f"inference.model={model}", f"tasks.source={settings.train_source}",
+        config, f"inference.model={model}", f"tasks.source={settings.rl_source}",
         f"collector.n_samples_per_task={settings.group_size}",
         f"trainer.groups_per_step={settings.groups_per_step}",
         f"trainer.max_steps={settings.rl_steps}", f"trainer.checkpoint_every={settings.rl_steps}",
