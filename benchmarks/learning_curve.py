@@ -21,7 +21,7 @@ both verdicts: SFT above the base model, and RL above SFT by more than the seed-
 (the larger of the SFT and RL ranges over seeds).
 
 Run: .venv/bin/python benchmarks/learning_curve.py [--seeds 0 1 2] [--rl-steps 8] ...
-(about an hour and a half on 2 shared cores at the defaults)
+(about 95 minutes on 2 shared cores at the defaults)
 """
 
 from __future__ import annotations
@@ -284,8 +284,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rl-lr", type=float, default=5e-4)
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--groups-per-step", type=int, default=2)
-    parser.add_argument("--eval-samples", type=int, default=4)
-    parser.add_argument("--base-eval-samples", type=int, default=0,
+    parser.add_argument("--eval-samples", type=int, default=10)
+    parser.add_argument("--base-eval-samples", type=int, default=4,
                         help="samples per held-out task for the base model (0: --eval-samples); "
                         "it passes none, and its replies run to the token limit")
     parser.add_argument("--rl-seeds", type=int, default=0,
