@@ -35,8 +35,8 @@ def test_recipe_runs_every_stage_on_the_right_split(tmp_path, tiny_model_dir):
     assert len(demos) == 4 and len(trained) >= 4
     assert {split_of(t.task_id) for t in demos + trained} == {"train"}
     # RL samples from 3 training seeds a family, of which the demonstrations covered 2.
-    rl_source = json.loads((out / "train" / "config.json").read_text())["config"]["tasks"]
-    assert rl_source["source"] == "gen:count,sort-lines:train:3"
+    rl_tasks = json.loads((out / "train" / "config.json").read_text())["config"]["tasks"]
+    assert rl_tasks["source"] == "gen:count,sort-lines:train:3"
     assert sum(d.num_loss_tokens for d in sft_data(demos)) > 0  # what sft trained on
     for model in ("base", "sft", "rl"):
         evaluated = TrajectoryStore(out / f"eval-{model}").load().trajectories

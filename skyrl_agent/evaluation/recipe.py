@@ -75,9 +75,8 @@ class RecipeSettings:
 
     def check(self) -> None:
         """Bad families or seed counts fail here, with one line, before any stage runs."""
-        for source in (self.train_source, self.rl_source):
+        for source in (self.train_source, self.rl_source, self.heldout_source):
             parse_ref(source.removeprefix("gen:"))
-        parse_ref(self.heldout_source.removeprefix("gen:"))
 
 
 @dataclass(frozen=True)

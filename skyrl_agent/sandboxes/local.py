@@ -167,8 +167,8 @@ class LocalSandbox(Sandbox):
         base = sandboxes_folder(self.config.work_root)
         base.mkdir(parents=True, exist_ok=True)
         self._dir = base / sandbox_folder_name(self.id)
-        self._dir.mkdir(mode=0o711)  # the unprivileged sandbox user must reach root/ to mount it
-        self._dir.chmod(0o711)  # whatever the umask
+        self._dir.mkdir()
+        self._dir.chmod(0o711)  # the unprivileged sandbox user must reach root/ to mount it
         if os.geteuid() == 0:
             _require_traversable(base)
         await _to_thread_to_the_end(self._mount_disk)
