@@ -118,8 +118,8 @@ def cookbook_env(tiny_model_dir, tmp_path_factory):
     _seed_dataset(datasets_cache, "HuggingFaceH4/no_robots", "default",
                   {"train": {"messages": chats}, "test": {"messages": chats[:2]}})
     _seed_dataset(datasets_cache, "openai/gsm8k", "main",
-                  {split: {"question": [q for q, _ in QUESTIONS * 2],
-                           "answer": [a for _, a in QUESTIONS * 2]} for split in ("train", "test")})
+                  {split: {"question": [q for q, _ in QUESTIONS * 3],
+                           "answer": [a for _, a in QUESTIONS * 3]} for split in ("train", "test")})
     server = start_server([f"{MODEL}={folder}"], root / "data", root / "server.log")
     env = {**os.environ, **SDK_ENV, "HF_HOME": str(root / "hf"),
            "HF_HUB_CACHE": str(root / "hf" / "hub"), "HF_DATASETS_CACHE": str(datasets_cache),
@@ -163,9 +163,12 @@ def test_cookbook_rl_loop_runs_unmodified_and_trains(cookbook_env, loss_fn):
     url, env, root = cookbook_env
     metrics = _run_recipe("tinker_cookbook.recipes.rl_loop",
                           [f"base_url={url}", f"model_name={MODEL}", "batch_size=2",
-                           "group_size=4", "max_tokens=8", "max_steps=2", "lora_rank=4",
+                           "group_size=8", "max_tokens=8", "max_steps=3", "lora_rank=4",
                            f"loss_fn={loss_fn}", "save_every=0"], env, root / f"rl-{loss_fn}")
-    assert len(metrics) == 2
+    # The cookbook skips a step whose groups all got one reward; groups of 8 over 3 steps make
+    # a step with a mixed group all but certain (2 steps of groups of 4 once had none). The
+    # data set holds 3 batches.
+    assert len(metrics) == 3
     rewards = [m["reward/total"] for m in metrics]
     assert all(0.0 <= r <= 1.0 for r in rewards)
     # optim_step's metrics land in the log only when a training step really ran.
