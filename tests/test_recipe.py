@@ -7,9 +7,10 @@ import json
 
 import pytest
 
+from skyrl_agent.config import load_config
 from skyrl_agent.data.store import TrajectoryStore
 from skyrl_agent.errors import TaskError
-from skyrl_agent.evaluation.recipe import RecipeSettings
+from skyrl_agent.evaluation.recipe import RL_CHECKPOINT_EVERY, RecipeSettings, rl_job
 from skyrl_agent.tasks.families import split_of
 from skyrl_agent.trainers.batch import sft_data
 from tests.test_cli import run
@@ -59,3 +60,14 @@ def test_rl_seeds_default_to_the_demonstrations_and_are_checked():
     assert RecipeSettings(train_seeds=5, rl_seeds=9).rl_source.endswith(":train:9")
     with pytest.raises(TaskError, match="count must be"):
         RecipeSettings(rl_seeds=10_001).check()  # past the training split
+
+
+def test_a_killed_rl_stage_loses_at_most_a_few_steps(tmp_path, tiny_model_dir):
+    """An RL stage checkpoints before its last step, so a killed stage (an OOM kill once cost
+    6 of 8 steps) resumes from a recent checkpoint instead of from the warm start."""
+    config = load_config(None, ["agent.name=terminus", f"inference.model={tiny_model_dir}"])
+    for steps in (1, 8):
+        settings = RecipeSettings(families="count", train_seeds=2, rl_steps=steps)
+        job = rl_job(config, settings, tiny_model_dir, tmp_path / f"train-{steps}")
+        every = job.config.trainer.checkpoint_every
+        assert every <= RL_CHECKPOINT_EVERY and (every < steps or steps == 1)

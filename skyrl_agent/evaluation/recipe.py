@@ -34,6 +34,9 @@ from skyrl_agent.trainers.train import TrainJob, export_latest
 
 MODELS = ("base", "sft", "rl")
 """The models a recipe evaluates, in order."""
+RL_CHECKPOINT_EVERY = 2
+"""RL steps between checkpoints (and always the last): a killed RL stage resumes losing at most
+this many steps (an RL step takes minutes on 2 cores)."""
 
 
 @dataclass(frozen=True)
@@ -119,7 +122,8 @@ def rl_job(config: RunConfig, settings: RecipeSettings, model: Path, output: Pat
         config, f"inference.model={model}", f"tasks.source={settings.rl_source}",
         f"collector.n_samples_per_task={settings.group_size}",
         f"trainer.groups_per_step={settings.groups_per_step}",
-        f"trainer.max_steps={settings.rl_steps}", f"trainer.checkpoint_every={settings.rl_steps}",
+        f"trainer.max_steps={settings.rl_steps}",
+        f"trainer.checkpoint_every={min(RL_CHECKPOINT_EVERY, settings.rl_steps)}",
         f"trainer.learning_rate={settings.rl_learning_rate}", f"output_dir={output}")
     return TrainJob(rl_config, output, resume=(output / "config.json").exists())
 
