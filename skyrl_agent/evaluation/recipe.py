@@ -122,8 +122,7 @@ def rl_job(config: RunConfig, settings: RecipeSettings, model: Path, output: Pat
         config, f"inference.model={model}", f"tasks.source={settings.rl_source}",
         f"collector.n_samples_per_task={settings.group_size}",
         f"trainer.groups_per_step={settings.groups_per_step}",
-        f"trainer.max_steps={settings.rl_steps}",
-        f"trainer.checkpoint_every={min(RL_CHECKPOINT_EVERY, settings.rl_steps)}",
+        f"trainer.max_steps={settings.rl_steps}", f"trainer.checkpoint_every={RL_CHECKPOINT_EVERY}",
         f"trainer.learning_rate={settings.rl_learning_rate}", f"output_dir={output}")
     return TrainJob(rl_config, output, resume=(output / "config.json").exists())
 
