@@ -26,9 +26,9 @@ of the held-out samples, so RL's groups of 8 are mostly mixed (at difficulty 1 S
 and nearly every group passes whole, leaving GRPO nothing to compare).
 
 Run: .venv/bin/python benchmarks/learning_curve.py [--seeds 0 1 2] [--rl-steps 8] ...
-(about 40-60 minutes a seed on 2 cores at the defaults). Seeds may run as separate processes
-(`--seeds 1` with its own `--output` holding copies of `demos/` and `sft-model/`), but an RL
-stage's process holds about 11 GB: two at once do not fit in 24 GB.
+(about an hour a seed on 2 cores at the defaults, after a 12-minute warm start). Seeds may run
+as separate processes (`--seeds 1` with its own `--output` holding copies of `demos/` and
+`sft-model/`), but an RL stage's process holds about 11 GB: two at once do not fit in 24 GB.
 """
 
 from __future__ import annotations
