@@ -17,6 +17,7 @@ import pytest
 from skyrl_agent.data.run_dir import RunDir
 from skyrl_agent.data.store import TrajectoryStore
 from skyrl_agent.evaluation.stats import pass_at_k, summarize
+from tests.test_html_report import dump_dom
 from tests.test_store import make_trajectory
 
 CLI = [sys.executable, "-c", "from skyrl_agent.cli import main; main()"]
@@ -172,14 +173,8 @@ def test_html_report_renders_in_headless_chromium(tmp_path, smollm2_dir):
     report = tmp_path / "report.html"
     result = cli("eval", str(tmp_path / "run"), "--html", str(report))
     assert result.returncode == 0, result.stderr
-    dom = subprocess.run(
-        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", report.as_uri()],
-        capture_output=True, text=True, timeout=120)
-    assert dom.returncode == 0, dom.stderr[-1000:]
     counts = _Count()
-    counts.feed(dom.stdout)
+    counts.feed(dump_dom(browser, report, tmp_path / "profile"))
     assert counts.rendered == "5"
     assert counts.classes.get("trajectory") == 5 and counts.classes.get("turn") == 15
     assert counts.classes.get("task-row") == 2

@@ -4,13 +4,20 @@ One file, no network: the charts are inline SVG (charts.py: pass@k over k, mean 
 histograms of turns and sampled tokens, and a training run's per-step curves); the data is
 embedded as JSON and a small script renders it, with a task filter and expandable trajectories
 showing each turn's new input, the model's output and the reward.
+
+Every string in the page may be the agent's (outputs, reasons, task ids): the JSON goes through
+`script_json`, text and attributes outside it through `html.escape`, and the page's
+Content-Security-Policy runs only its own script (by hash) and loads nothing.
 """
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import hashlib
 import html
 import json
+import math
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +29,28 @@ from skyrl_agent.evaluation.stats import RunSummary
 from skyrl_agent.types import Trajectory
 
 Decode = Callable[[tuple[int, ...]], str]
+
+# The characters that let text inside <script> end it or switch the HTML tokenizer into its
+# (double) escaped states ("<!--<script>", "</script>"), plus JavaScript's line separators; as
+# \u escapes JSON.parse reads them back unchanged.
+_SCRIPT_SAFE = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026",
+                              "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
+def _finite(value: Any) -> Any:
+    """Non-finite floats as text ("-inf"): JSON.parse rejects NaN and Infinity outright."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
+
+
+def script_json(value: Any) -> str:
+    """`value` as JSON that is safe inside an HTML <script> element whatever text it holds."""
+    return json.dumps(_finite(value), allow_nan=False).translate(_SCRIPT_SAFE)
 
 
 def _turns(trajectory: Trajectory, decode: Decode | None) -> list[dict[str, Any]]:
@@ -69,18 +98,21 @@ def write_report(path: Path, summary: RunSummary, trajectories: list[Trajectory]
                  decode: Decode | None = None, training: dict[str, Series] | None = None,
                  ) -> Path:
     """Write the report; `training` is a training run's per-step metrics (curves.py)."""
-    data = json.dumps(report_data(summary, trajectories, title, decode))
     parts = {"TITLE": html.escape(title), "CHARTS": charts_html(summary, trajectories, training),
-             "DATA": data.replace("</", "<\\/")}  # a "</script>" in model output must not end it
+             "DATA": script_json(report_data(summary, trajectories, title, decode)),
+             "SCRIPT": _SCRIPT, "SCRIPT_HASH": _SCRIPT_HASH}
     # One pass, so a placeholder's name inside the inserted text is never replaced in turn.
-    page = re.sub(r"__(TITLE|CHARTS|DATA)__", lambda m: parts[m.group(1)], _PAGE)
+    page = re.sub(r"__(TITLE|CHARTS|DATA|SCRIPT|SCRIPT_HASH)__", lambda m: parts[m.group(1)],
+                  _PAGE)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(page)
+    path.write_text(page, encoding="utf-8")
     return path
 
 
 _PAGE = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>__TITLE__</title>
+<html lang="en"><head><meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'; script-src 'sha256-__SCRIPT_HASH__'">
+<title>__TITLE__</title>
 <style>
 body { font: 14px system-ui, sans-serif; margin: 2em; color: #222; }
 table { border-collapse: collapse; margin: 1em 0; }
@@ -106,7 +138,10 @@ __CHARTS__
 <label>Filter by task: <input id="filter" placeholder="task name"></label>
 <div id="trajectories"></div>
 <script type="application/json" id="data">__DATA__</script>
-<script>
+<script>__SCRIPT__</script>
+</body></html>
+"""
+_SCRIPT = """
 const data = JSON.parse(document.getElementById("data").textContent);
 const el = (tag, attrs = {}, ...children) => {
   const node = document.createElement(tag);
@@ -149,6 +184,6 @@ document.querySelectorAll("svg.chart").forEach(svg => {
 });
 document.body.setAttribute("data-charts", String(drawn));
 document.body.setAttribute("data-rendered", String(data.trajectories.length));
-</script>
-</body></html>
 """
+# The page's CSP runs this script only: an injected one or an on* attribute would not run.
+_SCRIPT_HASH = base64.b64encode(hashlib.sha256(_SCRIPT.encode()).digest()).decode()
