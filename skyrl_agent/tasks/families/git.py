@@ -1,9 +1,11 @@
 """Commit a change with git.
 
 The repository is made by the Dockerfile; its files and their git tree ids are known here, so
-the checks compare ids only. They read a copy of the agent's `.git` whose config is replaced by
-a bare minimum: a repository's own config can name programs git would run (fsmonitor, filters,
-gpg), and the verifier must run none of the agent's choosing.
+the checks compare ids only. They read the agent's `.git` through gitcheck.sh (the bundled
+git-init-commit task's checker, a test file of every task here): git sees a snapshot of HEAD,
+refs and objects alone, with a configuration of its own. A repository's files can lead git to
+configuration and history elsewhere, configuration can name programs git runs, and the
+verifier must run none of the agent's choosing; gitcheck.sh says how, and why git at all.
 """
 
 from __future__ import annotations
@@ -13,9 +15,12 @@ import random
 
 from skyrl_agent.tasks.families.base import Blueprint, Family
 from skyrl_agent.tasks.families.words import FILE_STEMS, NOUNS, PEOPLE, phrase
+from skyrl_agent.tasks.sources import bundled_root
 
 REPO = "/app/repo"
 _INITIAL_DATE = "2024-01-01T00:00:00Z"
+GITCHECK = bundled_root() / "demo" / "git-init-commit" / "tests" / "gitcheck.sh"
+"""Shell functions that read a repository without running anything it names (tests/)."""
 
 
 def blob_id(data: bytes) -> bytes:
@@ -34,21 +39,13 @@ def _lines(rng: random.Random, count: int) -> bytes:
 
 
 CHECKS = """\
-rm -rf /tmp/gitcheck
-if [ -d {repo}/.git ] && [ ! -L {repo}/.git ] && cp -R -P {repo}/.git /tmp/gitcheck; then
-    printf '[core]\\n\\trepositoryformatversion = 0\\n\\tbare = true\\n' > /tmp/gitcheck/config
-    rm -rf /tmp/gitcheck/hooks /tmp/gitcheck/info
-else
-    fail "{repo} is not a git repository"
-fi
-g() {{
-    GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null HOME=/nonexistent \\
-        git --git-dir=/tmp/gitcheck "$@" 2>/dev/null
-}}
-[ "$(g rev-list --count HEAD)" = 2 ] || fail "there must be exactly one commit after the first"
-[ "$(g rev-parse --verify -q 'HEAD~1^{{tree}}')" = {initial} ] || fail "the first commit changed"
-[ "$(g rev-parse --verify -q 'HEAD^{{tree}}')" = {final} ] || fail "the new commit is wrong"
-[ "$(g log -1 --format=%s HEAD)" = "{message}" ] || fail "the commit message is not '{message}'"
+. /tests/gitcheck.sh
+git_snapshot {repo}/.git || fail "{repo} is not a sound git repository"
+[ "$(gitc rev-list --count HEAD)" = 2 ] || fail "there must be exactly one commit after the first"
+[ "$(gitc rev-parse --verify -q 'HEAD~1^{{tree}}')" = {initial} ] || fail "the first commit changed"
+[ "$(gitc rev-parse --verify -q 'HEAD^{{tree}}')" = {final} ] || fail "the new commit is wrong"
+[ "$(gitc log -1 --no-ext-diff --no-textconv --format=%s HEAD)" = "{message}" ] \\
+    || fail "the commit message is not '{message}'"
 """
 
 
@@ -91,7 +88,7 @@ def build_commit(rng: random.Random, difficulty: int) -> Blueprint:
         solution=(f"cd {REPO}", *commands, f"git commit -q -m '{message}'"),
         plan="Make the change in the repository, then commit it with git.",
         files={f"repo/{path}": data for path, data in initial.items()},
-        setup=setup, setup_dir=REPO)
+        setup=setup, setup_dir=REPO, test_files={"gitcheck.sh": GITCHECK.read_bytes()})
 
 
 FAMILIES = (

@@ -5,18 +5,21 @@ mkdir -p /logs/verifier
 echo '{"reward": 0.0}' > /logs/verifier/reward.json
 
 P=/app/project
-g() { git -c safe.directory='*' -C "$P" "$@" 2>/dev/null; }
+# git reads a snapshot of the agent's .git and runs nothing it names (see gitcheck.sh).
+. /tests/gitcheck.sh
 
 repo_exists=0; single_commit=0; message_ok=0; author_ok=0; files_tracked=0; tree_clean=0
 
-if [ -d "$P/.git" ] && [ "$(g rev-parse --show-toplevel)" = "$P" ]; then
+if git_snapshot "$P/.git"; then
     repo_exists=1
-    [ "$(g rev-list --count HEAD)" = "1" ] && single_commit=1
-    [ "$(g log -1 --format=%B HEAD | sed -e '/^$/d')" = "Initial import" ] && message_ok=1
-    [ "$(g log -1 --format='%an <%ae>' HEAD)" = "Robin Example <robin@example.org>" ] && author_ok=1
+    [ "$(gitc rev-list --count HEAD)" = "1" ] && single_commit=1
+    log() { gitc log -1 --no-ext-diff --no-textconv "$@" HEAD; }
+    [ "$(log --format=%B | sed -e '/^$/d')" = "Initial import" ] && message_ok=1
+    [ "$(log --format='%an <%ae>')" = "Robin Example <robin@example.org>" ] && author_ok=1
     expected=$'README.md\ndocs/usage.txt\ntempconv.py'
-    [ "$(g ls-tree -r --name-only HEAD | LC_ALL=C sort)" = "$expected" ] && files_tracked=1
-    status=$(g status --porcelain --untracked-files=all; echo "rc=$?")
+    [ "$(gitc ls-tree -r --name-only HEAD | LC_ALL=C sort)" = "$expected" ] && files_tracked=1
+    status=$(gitc --work-tree="$P" status --porcelain --untracked-files=all \
+             --ignore-submodules=all; echo "rc=$?")
     [ "$status" = "rc=0" ] && tree_clean=1
 fi
 
