@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 dev=0
 [ "${1:-}" = "--dev" ] && dev=1
 
-packages=(bubblewrap tmux python3 python3-pytest git tar gzip bzip2 xz-utils util-linux procps)
+packages=(bubblewrap slirp4netns tmux python3 python3-pytest git tar gzip bzip2 xz-utils util-linux procps)
 [ $dev = 1 ] && packages+=(docker.io docker-compose debootstrap chromium gcc libc6-dev)
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   missing=()

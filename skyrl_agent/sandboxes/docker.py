@@ -144,6 +144,8 @@ class DockerSandbox(Sandbox):
             image, command=["bash", "-c", KEEPER.format(seconds=int(spec.deadline_s) + 1)],
             name=self.name, detach=True, auto_remove=True, init=False, working_dir=spec.workdir,
             ulimits=[docker.types.Ulimit(name="fsize", soft=storage, hard=storage)],
+            # Public tasks: docker's default bridge. Its gateway reaches host services bound on
+            # 0.0.0.0, never those on 127.0.0.1 (the model server, Tinker and Ray bind there).
             environment=dict(spec.env), network_mode=None if spec.network else "none",
             mem_limit=f"{spec.memory_mb}m", memswap_limit=f"{spec.memory_mb}m",
             nano_cpus=int(spec.cpus * 1e9), pids_limit=spec.pids_limit,

@@ -2,7 +2,8 @@
 
 Layout: the sandbox's root is a private host folder (its `/app`, `/logs`, `/tmp`, `/root`, ...
 live there); the host's /usr and a short list of /etc files are mounted read-only on top; nothing
-else of the host is visible. Every namespace is unshared (no network unless the task allows it),
+else of the host is visible. Every namespace is unshared (a public task's network namespace
+reaches out through slirp4netns, never to the host's loopback: see local_net.py),
 all capabilities are dropped, the host environment is cleared, and sandbox root is an unprivileged
 host user (nobody, or the caller when not root). One long-lived process (exec_server.py) runs
 commands, so all commands share one PID namespace; it is that namespace's PID 1 and not
@@ -55,6 +56,13 @@ from skyrl_agent.sandboxes.local_disk import (
     sandbox_folder_name,
     sandboxes_folder,
     unmount,
+)
+from skyrl_agent.sandboxes.local_net import (
+    RESOLV_CONF,
+    SandboxNetwork,
+    require_slirp4netns,
+    sandbox_init_pid,
+    write_resolv_conf,
 )
 from skyrl_agent.sandboxes.local_plan import LocalPlan, plan_local
 
@@ -145,6 +153,7 @@ class LocalSandbox(Sandbox):
         self._plan: LocalPlan | None = None
         self._deadline_timer: asyncio.TimerHandle | None = None
         self._dead_reason: str | None = None
+        self._net: SandboxNetwork | None = None
         self._mounted = False
         self.server_pid: int | None = None
 
@@ -163,6 +172,8 @@ class LocalSandbox(Sandbox):
             raise UnsupportedEnvironment(
                 "bubblewrap (bwrap) is not installed: run scripts/setup.sh as root, "
                 "or apt-get install bubblewrap")
+        if self.spec.network:
+            require_slirp4netns()
         self._plan = plan_local(self.spec)
         base = sandboxes_folder(self.config.work_root)
         base.mkdir(parents=True, exist_ok=True)
@@ -173,6 +184,8 @@ class LocalSandbox(Sandbox):
             _require_traversable(base)
         await _to_thread_to_the_end(self._mount_disk)
         await _to_thread_to_the_end(self._prepare_root, self._plan)
+        if self.spec.network:
+            write_resolv_conf(self.root.parent)
         if cgroups_available():
             self._cgroup = Cgroup.create(self.id, self.spec.memory_mb, self.spec.pids_limit,
                                          self.spec.cpus)
@@ -182,6 +195,9 @@ class LocalSandbox(Sandbox):
             env={"PATH": BASE_ENV["PATH"]})  # pid 1 inside keeps this environ: no host values
         self._started_at = time.monotonic()
         self.server_pid = await self._wait_ready()
+        if self.spec.network:  # up before the first command of the task runs
+            self._net = await SandboxNetwork.attach(sandbox_init_pid(self._proc.pid),
+                                                     self.root.parent)
         self._reader = asyncio.create_task(self._read_replies())
         self._deadline_timer = asyncio.get_running_loop().call_later(
             self.spec.deadline_s, self._kill, "deadline")
@@ -228,18 +244,17 @@ class LocalSandbox(Sandbox):
                 "--as-pid-1",
                 "--uid", "0", "--gid", "0", "--hostname", "sandbox", "--bind", str(self.root), "/",
                 "--ro-bind", "/usr", "/usr", "--proc", "/proc", "--dev", "/dev"]
-        if self.spec.network:
-            args += ["--share-net"]
         for top in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
             host = Path("/") / top
             if host.is_symlink():
                 args += ["--symlink", os.readlink(host), f"/{top}"]
             elif host.is_dir():
                 args += ["--ro-bind", str(host), f"/{top}"]
-        etc = ETC_ENTRIES + (("resolv.conf",) if self.spec.network else ())
-        for entry in etc:
+        for entry in ETC_ENTRIES:
             if os.path.lexists(f"/etc/{entry}"):
                 args += ["--ro-bind", f"/etc/{entry}", f"/etc/{entry}"]
+        if self.spec.network:
+            args += ["--ro-bind", str(self.root.parent / RESOLV_CONF), "/etc/resolv.conf"]
         args += ["--clearenv"]
         for key, value in {**BASE_ENV, **plan.env}.items():
             args += ["--setenv", key, value]
@@ -421,6 +436,9 @@ class LocalSandbox(Sandbox):
             await self._proc.wait()
         if self._reader is not None:
             await self._reader
+        if self._net is not None:
+            await self._net.close()
+            self._net = None
         if self._cgroup is not None:
             if not await asyncio.to_thread(self._cgroup.remove):
                 # Keep the folder (it names its owner): the next run's reaper retries.
