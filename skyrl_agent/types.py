@@ -59,6 +59,10 @@ def _frozen_mapping(values: Mapping[str, float]) -> Mapping[str, float]:
     return MappingProxyType(dict(values))
 
 
+TAMPERING = "tampering"
+"""The typed reason (prefix) of a reward refused because the agent's work reached for the grader."""
+
+
 @dataclass(frozen=True)
 class Reward:
     """The verifier's verdict on one trajectory."""
@@ -82,6 +86,17 @@ class Reward:
     def failed(cls, reason: str, verify_time_s: float = 0.0) -> Reward:
         """A zero reward that records why no real reward could be read."""
         return cls(value=0.0, components={}, reason=reason, verify_time_s=verify_time_s)
+
+    @classmethod
+    def tampered(cls, what: str) -> Reward:
+        """A zero reward for work the verifier refused to take because it reaches for the
+        grader (the test runner's configuration, its plug-ins, the interpreter)."""
+        return cls.failed(f"{TAMPERING}: {what}")
+
+    @property
+    def tampering(self) -> bool:
+        """Whether the verifier refused the agent's work as tampering."""
+        return (self.reason or "").startswith(f"{TAMPERING}:")
 
 
 @dataclass(frozen=True)

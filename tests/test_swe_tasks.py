@@ -9,6 +9,7 @@ import logging
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +22,8 @@ from skyrl_agent.tasks.swe.instance import SweInstance, read_instances
 from skyrl_agent.tasks.swe.materialize import LOCAL_BASE_IMAGE, MODEL_PATCH, Origin, materialize
 from tests.swe_helpers import INSTANCES, git, host_repo, hub_cache, instance_rows
 from tests.test_cli import assert_one_line_error, run
+
+RUN_PYTEST = Path(__file__).parents[1] / "skyrl_agent" / "tasks" / "swe" / "run_pytest.py"
 
 
 @pytest.fixture
@@ -142,7 +145,10 @@ def test_a_repo_swebench_does_not_know_is_run_with_pytest_and_said_so(caplog, pr
         materialize(unknown, "x/acme__widgets-1", Origin(None))
     warnings = [r for r in caplog.records if "acme/widgets" in r.getMessage()]
     assert len(warnings) == 1 and "pytest" in warnings[0].getMessage()
-    assert "python3 -m pytest -rA" in (task.tests_dir / "test.sh").read_text()
+    test_sh = (task.tests_dir / "test.sh").read_text()
+    assert "python3 -s /tests/run_pytest.py /logs/verifier/test-results.json -rA" in test_sh
+    assert "python3 -m pytest" not in test_sh
+    assert isinstance(task.grader, SweGrader) and task.grader.structured
 
 
 def _pytest_output(work, files) -> str:
@@ -177,6 +183,93 @@ def test_the_grader_reads_real_pytest_output(tmp_path):
     crashed = grader.grade("", "E   ModuleNotFoundError: No module named 'pytest'\n")
     assert crashed.reason == ("no test results in the test output: "
                               "E   ModuleNotFoundError: No module named 'pytest'")
+
+
+def _launched(work, files, results) -> dict:
+    """The verifier's launcher run on the host: its results file, read back."""
+    subprocess.run([sys.executable, "-s", str(RUN_PYTEST), str(results), "-rA",
+                    "-p", "no:cacheprovider", *files], cwd=work, capture_output=True, check=False)
+    return json.loads(results.read_text())
+
+
+def test_the_launcher_grades_from_results_not_output(tmp_path):
+    """Late output: an exit handler in the code under test printing passing verdicts after
+    pytest's summary is never graded; a runner module in the repo is never imported."""
+    instance = read_instances(INSTANCES)[0]
+    grader = SweGrader(instance, local_repo=True, structured=True)
+    assert grader.test_output == "/logs/verifier/test-results.json"
+    work = host_repo(instance.repo, tmp_path / "repo")
+    git(work, "checkout", "-q", instance.base_commit)
+    git(work, "apply", stdin=instance.test_patch)
+    late = "".join(f"PASSED {t}\n" for t in instance.fail_to_pass)
+    (work / "textkit" / "__init__.py").write_text(
+        f"import atexit\natexit.register(lambda: print({late!r}))\n")
+    (work / "pytest.py").write_text("raise SystemExit('the repo shadowed the runner')\n")
+    unfixed = _launched(work, ["tests/test_wrap.py"], tmp_path / "unfixed.json")
+    assert set(unfixed["tests"]) == {*instance.fail_to_pass, *instance.pass_to_pass}
+    graded = grader.grade("", json.dumps(unfixed))
+    assert graded.value == 0.0 and graded.components["pass_to_pass"] == 1.0
+    git(work, "apply", stdin=instance.patch)
+    fixed = _launched(work, ["tests/test_wrap.py"], tmp_path / "fixed.json")
+    assert grader.grade("", json.dumps(fixed)).value == 1.0
+    # Results that are not the launcher's shape are refused, never half-read.
+    for forged in ("PASSED x", '{"tests": {"a\\nPASSED b": "PASSED"}}',
+                   '{"tests": {"a": "OK"}}', '{"tests": []}'):
+        assert grader.grade("", forged).reason.startswith("unreadable test results"), forged
+    refused = grader.grade("tampering: runner-config: pytest.ini\n", json.dumps(fixed))
+    assert refused.value == 0.0 and refused.tampering
+    assert refused.reason == "tampering: runner-config: pytest.ini"
+
+
+SCREEN = RUN_PYTEST.with_name("screen_patch.sh")
+
+
+@pytest.fixture(scope="module")
+def textkit(tmp_path_factory):
+    instance = read_instances(INSTANCES)[0]
+    work = host_repo(instance.repo, tmp_path_factory.mktemp("screen") / "repo")
+    git(work, "checkout", "-q", instance.base_commit)
+    return work
+
+
+@pytest.mark.parametrize("change, refused", [
+    ("echo x=1 >> textkit/wrap.py; echo 1 > test.py; echo 2 > reproduce.py", None),
+    ("echo 1 > textkit/json.py; echo 1 > textkit/types.py", None),  # inside a package
+    ("git mv textkit/wrap.py textkit/wrapping.py", None),
+    ("printf '[pytest]\\n' > .pytest.ini", "runner-config: .pytest.ini"),
+    ("mkdir sub && printf '[tool:pytest]\\n' > sub/setup.cfg", "runner-config: sub/setup.cfg"),
+    ("git mv textkit/wrap.py pytest.toml", "runner-config: pytest.toml"),
+    ("echo 1 > textkit/conftest.py", "runner-config: textkit/conftest.py"),
+    ("echo 1 > pytest.py", "runner-shadowing: pytest.py"),
+    ("mkdir pluggy && echo 1 > pluggy/__init__.py", "runner-shadowing: pluggy/__init__.py"),
+    ("echo 1 > tests/json.py", "runner-shadowing: tests/json.py"),  # pytest's rootdir insert
+    ("mkdir x.dist-info && echo 1 > x.dist-info/entry_points.txt",
+     "plugin-autoload: x.dist-info/entry_points.txt"),
+    ("echo 1 > x.pth", "plugin-autoload: x.pth"),
+    ("mkdir -p textkit/__pycache__ && echo 1 > textkit/__pycache__/wrap.cpython-311.pyc",
+     "interpreter-startup: textkit/__pycache__/wrap.cpython-311.pyc"),
+    ("echo 1 > textkit/fast.cpython-311-x86_64-linux-gnu.so",
+     "interpreter-startup: textkit/fast.cpython-311-x86_64-linux-gnu.so"),
+    ("echo 1 > textkit/sitecustomize.py", "interpreter-startup: textkit/sitecustomize.py"),
+])
+def test_the_patch_screen_refuses_what_reaches_for_the_runner(textkit, tmp_path, change,
+                                                              refused):
+    """Each class of the never-taken set is refused by the script test.sh runs, reading the
+    patch with git apply's own parser; source changes and scratch files pass."""
+    from skyrl_agent.tasks.swe.materialize import shadowed_names
+
+    subprocess.run(["bash", "-c", change], cwd=textkit, check=True)
+    git(textkit, "add", "-A", "-f")
+    (tmp_path / "model.patch").write_text(git(textkit, "diff", "--cached", "--binary", "HEAD"))
+    git(textkit, "reset", "-q", "--hard")
+    git(textkit, "clean", "-qfdx")
+    (tmp_path / "names").write_text(shadowed_names())
+    done = subprocess.run(["bash", str(SCREEN), str(tmp_path / "model.patch"),
+                           str(tmp_path / "names")], cwd=textkit, capture_output=True, text=True)
+    if refused is None:
+        assert (done.returncode, done.stdout) == (0, ""), done.stderr
+    else:
+        assert (done.returncode, done.stdout) == (3, f"tampering: {refused}\n"), done.stderr
 
 
 def test_from_images_skips_stages_scratch_and_args():

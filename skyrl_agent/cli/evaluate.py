@@ -127,9 +127,10 @@ def print_hacks(trajectories: list[Trajectory], decode: Decode | None,
     checks = [name for name, done in (("re-grades", report.regraded),
                                       ("actions", report.read_actions)) if done]
     console.print(f"hack rate {report.rate:.3f}: {len(report.flagged)} of {report.rewarded} "
-                  f"rewarded trajectories flagged (checked: {', '.join(checks) or 'nothing'})")
-    if report.flagged:
+                  f"rewarded trajectories flagged (checked: {', '.join(checks) or 'nothing'}), "
+                  f"{len(report.tampered)} scored 0 as tampering")
+    if report.flagged or report.tampered:
         table = Table("task", "sample", "why")
-        for flag in report.flagged:
+        for flag in [*report.flagged, *report.tampered]:
             table.add_row(flag.task_id, str(flag.sample_index), "; ".join(flag.reasons))
         console.print(table)

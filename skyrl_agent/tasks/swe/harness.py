@@ -10,22 +10,31 @@ plain pytest projects; for another repo it is a guess, and loading says so once 
 from __future__ import annotations
 
 import functools
+import json
 import logging
-import tempfile
 from dataclasses import dataclass
 from typing import Any
 
 from skyrl_agent.errors import TaskError
 from skyrl_agent.tasks.swe.instance import SweInstance
-from skyrl_agent.types import Reward
+from skyrl_agent.types import TAMPERING, Reward
 
 log = logging.getLogger(__name__)
 ENV_NAME = "testbed"
 TESTBED = "/testbed"
 TEST_OUTPUT = "/logs/verifier/test-output.txt"
-"""Where the test command's own output goes (graded), apart from test.sh's log."""
+"""Where the test command's own output goes, apart from test.sh's log (graded unless the tests
+run under run_pytest.py)."""
+TEST_RESULTS = "/logs/verifier/test-results.json"
+"""Each test's outcome as run_pytest.py recorded it: the file graded for repos run with pytest."""
+RUNNER = "/tests/run_pytest.py"
+"""The verifier's pytest launcher in the verification sandbox (tasks/swe/run_pytest.py)."""
 PYTEST_CMD = "python3 -m pytest -rA -p no:cacheprovider"
 """Test command of repos swebench has no spec for."""
+_PYTEST_STARTS = ("pytest ", "python -m pytest ", "python3 -m pytest ")
+MAX_RESULTS = 200_000
+"""More test outcomes than any repo's test files hold: the results file is refused past it."""
+STATUSES = frozenset({"PASSED", "FAILED", "SKIPPED", "ERROR", "XFAIL"})
 _CONDA_LINES = ("source /opt/miniconda3/bin/activate", f"conda activate {ENV_NAME}")
 
 
@@ -83,10 +92,23 @@ def as_swebench(instance: SweInstance) -> dict[str, Any]:
             "PASS_TO_PASS": list(instance.pass_to_pass)}
 
 
+def _test_cmd(instance: SweInstance) -> str:
+    from swebench.harness.constants import MAP_REPO_VERSION_TO_SPECS
+
+    command = MAP_REPO_VERSION_TO_SPECS[instance.repo][instance.version]["test_cmd"]
+    return command if isinstance(command, str) else " ".join(command)
+
+
+def runs_under_runner(instance: SweInstance) -> bool:
+    """Whether the instance's tests run with pytest, started by the verifier's launcher and
+    graded from its results file (other runners, e.g. django's runtests.py, from their log)."""
+    return _test_cmd(instance).startswith(_PYTEST_STARTS)
+
+
 def eval_lines(instance: SweInstance, conda: bool) -> list[str]:
     """swebench's eval script for the instance (reset the test files, apply the test patch, run
     the test command between its output markers, reset again), without the conda lines when
-    the image has no conda (our local base image)."""
+    the image has no conda (our local base image), pytest started by run_pytest.py."""
     from swebench.harness.constants import MAP_REPO_VERSION_TO_SPECS
     from swebench.harness.test_spec.create_scripts import make_eval_script_list
 
@@ -95,7 +117,21 @@ def eval_lines(instance: SweInstance, conda: bool) -> list[str]:
         as_swebench(instance), specs, ENV_NAME, TESTBED, instance.base_commit,
         instance.test_patch)
     lines = lines if conda else [line for line in lines if line not in _CONDA_LINES]
+    if runs_under_runner(instance):
+        lines = _pytest_under_runner(lines, _test_cmd(instance))
     return _tests_to_their_own_file(lines)
+
+
+def _pytest_under_runner(lines: list[str], test_cmd: str) -> list[str]:
+    """The test command's line with pytest started by run_pytest.py (which writes
+    TEST_RESULTS) instead of `pytest` or `python -m pytest`."""
+    start = next(s for s in _PYTEST_STARTS if test_cmd.startswith(s))
+    launcher = f"rm -f {TEST_RESULTS}; python3 -s {RUNNER} {TEST_RESULTS} "
+    replaced = [launcher + line[len(start):] if line.startswith(test_cmd) else line
+                for line in lines]
+    if replaced == lines:
+        raise TaskError("swebench's eval script has no line running its test command here")
+    return replaced
 
 
 def _tests_to_their_own_file(lines: list[str]) -> list[str]:
@@ -132,58 +168,98 @@ def image_name(instance: SweInstance, namespace: str) -> str:
     return str(_test_spec(instance, [], namespace).instance_image_key)
 
 
+def status_from_results(text: str) -> dict[str, str]:
+    """run_pytest.py's results as {test: status}; ValueError unless it is the launcher's
+    shape: a JSON object whose `tests` maps test ids (one line each) to pytest statuses."""
+    data = json.loads(text)
+    tests = data.get("tests") if isinstance(data, dict) else None
+    if not isinstance(tests, dict) or len(tests) > MAX_RESULTS:
+        raise ValueError("not a results object")
+    for name, status in tests.items():
+        if status not in STATUSES or not name.isprintable() or not name.strip():
+            raise ValueError(f"a result is not a test id and a status: {name[:100]!r}")
+    return tests
+
+
+def tampering_line(script_log: str) -> str | None:
+    """What screen_patch.sh refused, from test.sh's log (it ends the script before any of the
+    agent's code could print)."""
+    return next((line.removeprefix(f"{TAMPERING}: ") for line in script_log.splitlines()
+                 if line.startswith(f"{TAMPERING}: ")), None)
+
+
 @dataclass(frozen=True)
 class SweGrader:
-    """The verdict on a verification log, computed on the host with swebench's grading:
-    resolved when every FAIL_TO_PASS test passes and every PASS_TO_PASS test still does."""
+    """The verdict on a verification, computed on the host with swebench's grading: resolved
+    when every FAIL_TO_PASS test passes and every PASS_TO_PASS test still does."""
 
     instance: SweInstance
     """The instance graded (its repo, version and test lists)."""
     local_repo: bool
     """The repo is one of ours, registered as a pytest repo without a warning."""
+    structured: bool = False
+    """The tests run under run_pytest.py: graded from its results file, never from output."""
 
-    test_output: str = TEST_OUTPUT
-    """The file graded, written by the test command alone."""
+    @property
+    def test_output(self) -> str:
+        """The file graded: the launcher's results, or the test command's own output."""
+        return TEST_RESULTS if self.structured else TEST_OUTPUT
 
     def grade(self, script_log: str, test_output: str | None) -> Reward:
-        from swebench.harness.constants import (
-            APPLY_PATCH_FAIL,
-            END_TEST_OUTPUT,
-            START_TEST_OUTPUT,
-        )
-        from swebench.harness.grading import (
-            compute_fail_to_pass,
-            compute_pass_to_pass,
-            get_eval_report,
-        )
-        from swebench.harness.log_parsers import MAP_REPO_TO_PARSER
+        from swebench.harness.constants import APPLY_PATCH_FAIL
 
+        refused = tampering_line(script_log)
+        if refused is not None:
+            return Reward.tampered(refused[:300])
         if APPLY_PATCH_FAIL in script_log:
             return Reward.failed("the agent's patch did not apply")
         if test_output is None:
             return Reward.failed("the tests did not run (no test output)")
         ensure_spec(self.instance.repo, self.instance.version, self.local_repo)
+        if self.structured:
+            try:
+                status = status_from_results(test_output)
+            except ValueError as exc:
+                return Reward.failed(f"unreadable test results: {exc}")
+            # The repo's own parser names the tests, as it would from pytest's -rA lines.
+            test_output = "".join(f"{state} {name}\n" for name, state in status.items())
+        return self._verdict(test_output)
+
+    def _verdict(self, test_output: str) -> Reward:
+        from swebench.harness.constants import (
+            END_TEST_OUTPUT,
+            FAIL_ONLY_REPOS,
+            FAIL_TO_PASS,
+            KEY_INSTANCE_ID,
+            PASS_TO_PASS,
+            START_TEST_OUTPUT,
+            EvalType,
+            ResolvedStatus,
+        )
+        from swebench.harness.grading import (
+            compute_fail_to_pass,
+            compute_pass_to_pass,
+            get_eval_tests_report,
+            get_resolution_status,
+        )
+        from swebench.harness.log_parsers import MAP_REPO_TO_PARSER
+
         # Markers printed by the code under test must not move the graded region.
         defused = test_output.replace(START_TEST_OUTPUT, "[marker]").replace(
             END_TEST_OUTPUT, "[marker]")
         spec = _test_spec(self.instance, [], None)
-        if not MAP_REPO_TO_PARSER[self.instance.repo](defused, spec):
+        status = MAP_REPO_TO_PARSER[self.instance.repo](defused, spec)
+        if not status:
             last = next((line for line in reversed(defused.splitlines()) if line.strip()), "")
             return Reward.failed(f"no test results in the test output: {last.strip()[:200]}")
-        log = f"{START_TEST_OUTPUT}\n{defused}\n{END_TEST_OUTPUT}\n"
-        prediction = {"instance_id": self.instance.instance_id,
-                      "model_name_or_path": "agent", "model_patch": "(the agent's changes)"}
-        with tempfile.NamedTemporaryFile("w", encoding="utf-8", suffix=".log") as handle:
-            handle.write(log)
-            handle.flush()
-            report = get_eval_report(spec, prediction, handle.name,
-                                     include_tests_status=True)
-        verdict = report[self.instance.instance_id]
-        if not verdict["patch_successfully_applied"]:
-            return Reward.failed("the test output could not be graded")
-        status = verdict["tests_status"]
-        resolved = 1.0 if verdict["resolved"] else 0.0
+        reference = {KEY_INSTANCE_ID: self.instance.instance_id,
+                     FAIL_TO_PASS: list(self.instance.fail_to_pass),
+                     PASS_TO_PASS: list(self.instance.pass_to_pass)}
+        kind = (EvalType.FAIL_ONLY if self.instance.repo in FAIL_ONLY_REPOS
+                else EvalType.PASS_AND_FAIL)
+        report = get_eval_tests_report(status, reference, eval_type=kind)
+        resolved = 1.0 if get_resolution_status(report) == ResolvedStatus.FULL.value else 0.0
         return Reward(resolved, {
             "reward": resolved,
-            "fail_to_pass": float(compute_fail_to_pass(status)),
-            "pass_to_pass": float(compute_pass_to_pass(status))})
+            "fail_to_pass": float(compute_fail_to_pass(report)),
+            "pass_to_pass": float(compute_pass_to_pass(report))})
