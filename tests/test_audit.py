@@ -82,3 +82,20 @@ def test_weak_tasks_are_reported(tmp_path):
 
 def test_an_unknown_attack_is_one_line():
     assert_one_line_error(run("tasks", "audit", "demo", "--attack", "nope"), "unknown attack")
+
+
+GIT_IN_PLACE = """mkdir -p /logs/verifier
+r=0
+[ "$(git -c safe.directory='*' -C /app log -1 --format=%s 2>/dev/null)" = done ] && r=1
+echo "$r" > /logs/verifier/reward.txt
+"""
+
+
+def test_git_read_in_place_is_reported(tmp_path):
+    """The repository-indirection adversary is real: a grader running git on the agent's own
+    repository (its config, commondir, alternates) runs the forger and is reported."""
+    make_task(tmp_path, "git-in-place", GIT_IN_PLACE, dockerfile=COPY_APP,
+              files={"app/notes.txt": "todo\n"})
+    status, rows = _audit(str(tmp_path), "--attack", "repository-indirection")
+    assert status == 1
+    assert rows["test/git-in-place"]["gameable_by"] == ["repository-indirection"]
