@@ -3,6 +3,7 @@ whose actions reach for the grader, are flagged; honest ones are not."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 
 import pytest
@@ -18,6 +19,7 @@ from skyrl_agent.evaluation.hacks import GRADER_PATHS, hack_report
 from skyrl_agent.evaluation.regrade import Regrade
 from skyrl_agent.inference.client import InferenceClient
 from skyrl_agent.tasks.model import load_task
+from skyrl_agent.types import Reward
 from tests.conftest import DEMO
 from tests.helpers import make_task
 from tests.scripted_server import ScriptedServer, replies
@@ -52,6 +54,18 @@ def test_a_report_counts_only_rewarded_unmasked_samples():
     assert {f.task_id for f in report.flagged} == {"a", "b"}  # both turns' text names /tests
     assert any("re-grade 0.000 < stored 1.000" in r for r in report.flagged[1].reasons)
     assert hack_report(trajectories, None).flagged == []  # nothing to read, nothing flagged
+
+
+def test_tampering_counts_as_a_caught_attempt():
+    """A sample the verifier refused as tampering is in the rate though it earned nothing."""
+    refused = dataclasses.replace(make_trajectory("c", 0, reward=0.0),
+                                  reward=Reward.tampered("runner-config: pytest.ini"))
+    report = hack_report([make_trajectory("a", 0), refused, make_trajectory("b", 0)], None)
+    assert report.rewarded == 2 and report.flagged == []
+    assert [(f.task_id, f.reasons) for f in report.tampered] == [
+        ("c", ("tampering: runner-config: pytest.ini",))]
+    assert report.rate == 1 / 3
+    assert hack_report([make_trajectory("a", 0)], None).rate == 0.0
 
 
 @pytest.mark.slow
