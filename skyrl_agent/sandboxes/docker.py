@@ -7,7 +7,9 @@ the task allows it, memory/cpu/pids limits, and a main process that exits at the
 auto-remove, a container disappears at its deadline even if this process died.
 
 The main process is a small bash loop (PID 1, ignoring every signal it can) that reaps orphans,
-so `kill_processes` can SIGKILL everything else and the container lives on for verification.
+so `kill_processes` can SIGKILL everything else and the container lives on for verification:
+with the container's cgroup frozen, the host SIGKILLs every process in it but the keeper, so a
+fork bomb cannot race the kill (see cgroups.end_processes).
 Disk: the engine here cannot cap a container's writable layer (overlay2 on ext4), so a file-size
 rlimit bounds each file and a watchdog polls the layer's size and kills the container past
 `storage_mb`. Command output is streamed and cut on the host (head and tail), and files come out
@@ -44,6 +46,7 @@ from skyrl_agent.sandboxes.base import (
     SandboxSpec,
     UnsupportedEnvironment,
 )
+from skyrl_agent.sandboxes.cgroups import cgroup_of, end_processes
 from skyrl_agent.sandboxes.exec_server import HeadTail
 
 if TYPE_CHECKING:  # docker is imported lazily: only this backend needs it
@@ -58,7 +61,8 @@ T = TypeVar("T")
 # PID 1: ignores what it can, reaps orphans (bash waits on any child), ends at the deadline.
 KEEPER = ('trap "" HUP INT QUIT TERM USR1 USR2 PIPE; end=$((SECONDS + {seconds})); '
           'while [ "$SECONDS" -lt "$end" ]; do sleep 1; done')
-# Run as root in the container: SIGKILL all but PID 1 and ourselves until nothing else is left but
+# Where the host cannot see the container's cgroup (a remote or rootless engine), run as root in
+# the container: SIGKILL all but PID 1 and ourselves until nothing else is left but
 # the keeper's own `sleep` (one kill -1 round is atomic against fork, so no agent process can be
 # that sleep; the stat line is read after its last ") " since a process names its own comm).
 # The scan uses builtins only: a sandbox at its pids limit has no room for a fork. Zombies count
@@ -325,12 +329,30 @@ class DockerSandbox(Sandbox):
 
     async def kill_processes(self) -> None:
         self._check_alive()
+        # Frozen by us, not `docker pause`: runc gives up freezing a fork bomb ("unable to
+        # freeze"), where retrying FROZEN until it holds does not.
+        keeper, group = await asyncio.to_thread(self._keeper_and_group)
+        if group is not None:
+            if not await asyncio.to_thread(end_processes, group, frozenset({keeper})):
+                raise SandboxDied(f"sandbox {self.spec.name}: processes could not be killed")
+            return
         # Not under `timeout` as exec() runs commands: kill -1 would end that wrapper too.
         code, out, _ = await asyncio.wait_for(asyncio.to_thread(
             self._exec_blocking, ["bash", "-c", KILL_ALL], "/", None, 0), timeout=60)
         if code != 0:
             raise SandboxDied(f"sandbox {self.spec.name}: processes could not be killed "
                               f"({out.strip()})")
+
+    def _keeper_and_group(self) -> tuple[int, Path | None]:
+        """The keeper's host pid, and its cgroup folder if this host can freeze it."""
+        import docker
+        try:
+            keeper = int(self.client.api.inspect_container(self.running.id)["State"]["Pid"])
+        except docker.errors.NotFound:
+            raise self._died("its container is gone") from None
+        if keeper <= 0:  # the container is not running
+            raise self._died("its container stopped")
+        return keeper, cgroup_of(keeper, owner=self.running.id)
 
     async def stop(self) -> None:
         if self._watchdog is not None:

@@ -156,6 +156,7 @@ class LocalSandbox(Sandbox):
         self._net: SandboxNetwork | None = None
         self._mounted = False
         self.server_pid: int | None = None
+        self._own_pids: frozenset[int] = frozenset()  # host pids of bwrap and the exec server
 
     @property
     def root(self) -> Path:
@@ -195,6 +196,8 @@ class LocalSandbox(Sandbox):
             env={"PATH": BASE_ENV["PATH"]})  # pid 1 inside keeps this environ: no host values
         self._started_at = time.monotonic()
         self.server_pid = await self._wait_ready()
+        if self._cgroup is not None:  # before any command runs: only the sandbox's own are in it
+            self._own_pids = frozenset(self._cgroup.procs())
         if self.spec.network:  # up before the first command of the task runs
             self._net = await SandboxNetwork.attach(sandbox_init_pid(self._proc.pid),
                                                      self.root.parent)
@@ -359,7 +362,7 @@ class LocalSandbox(Sandbox):
         if self._proc is not None and self._proc.returncode is None:
             self._proc.kill()
         if self._cgroup is not None:
-            self._cgroup.kill_all()
+            self._cgroup.end_processes(wait=False)
 
     async def _request(self, message: dict, wait_s: float) -> _Reply:
         if self._proc is None:
@@ -423,6 +426,15 @@ class LocalSandbox(Sandbox):
         return await asyncio.to_thread(collect_tree, self.root, remote, writer)
 
     async def kill_processes(self) -> None:
+        if self._cgroup is not None and self._cgroup.freezable:  # certain: see cgroups.py
+            alive = self._proc is not None and self._proc.returncode is None
+            if self._dead_reason is not None or not alive:
+                raise self._dead_error()
+            if not await asyncio.to_thread(self._cgroup.end_processes, self._own_pids):
+                self._kill("its processes outlived a frozen SIGKILL")
+                raise SandboxDied(f"sandbox {self.spec.name}: processes could not be killed")
+            return
+        # Without the freezer (not root): what this fallback guarantees is in cgroups.py.
         reply = await self._request({"op": "killall"}, wait_s=30)
         if reply.exit_code != 0:  # still forking after 2 s of SIGKILL: end the sandbox itself
             self._kill(f"its processes outlived killall ({reply.stdout.decode().strip()})")
