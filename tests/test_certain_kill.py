@@ -20,7 +20,7 @@ import pytest
 
 from skyrl_agent.collector.check import check_tasks
 from skyrl_agent.sandboxes.base import SandboxSpec, create_sandbox
-from skyrl_agent.sandboxes.cgroups import CGROUP_ROOT, PARENT, end_processes
+from skyrl_agent.sandboxes.cgroups import CGROUP_ROOT, PARENT
 from skyrl_agent.tasks import load_task
 from tests.attack_tasks import ATTACKS, HONEST_TEST, SYMLINKS
 from tests.helpers import make_task
@@ -98,9 +98,11 @@ async def test_fork_bomb_held_at_its_pids_limit_dies_in_one_kill(tmp_path, sandb
 
 
 def test_cgroup_v2_freeze_ends_forking_processes_too():
-    """Hosts with only cgroup v2 (a docker engine there puts containers in v2 cgroups): the same
-    frozen kill through cgroup.freeze. The processes here bound their own number, since a v2
-    group on this host has no pids controller."""
+    """The same race (forks refilling a group while it is killed) on hosts with only cgroup v2,
+    where a docker engine puts containers in v2 cgroups: frozen through cgroup.freeze, killed in
+    one pass. The processes bound their own number: a v2 group here has no pids controller."""
+    from skyrl_agent.sandboxes.cgroups import end_processes
+
     unified = CGROUP_ROOT if (CGROUP_ROOT / "cgroup.controllers").is_file() else (
         CGROUP_ROOT / "unified")
     if os.geteuid() != 0 or not (unified / "cgroup.procs").is_file():
