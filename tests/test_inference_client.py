@@ -15,16 +15,21 @@ from skyrl_agent.inference.vllm import VLLMOptions, vllm_command, vllm_server
 
 
 @pytest.fixture(scope="module")
-def two_servers(tiny_model_dir):
+def two_processes(tiny_model_dir):
     first = embedded_server(str(tiny_model_dir), served_model_name="tiny")
     second = embedded_server(str(tiny_model_dir), served_model_name="tiny")
     first.start()
     try:
         second.start()
-        yield [first.url, second.url]
+        yield [first, second]
     finally:
         first.stop()
         second.stop()
+
+
+@pytest.fixture(scope="module")
+def two_servers(two_processes):
+    return [process.url for process in two_processes]
 
 
 async def test_sessions_stick_to_one_server_and_spread(two_servers):
@@ -57,14 +62,15 @@ async def test_busy_time_counts_only_while_some_generation_is_in_flight(two_serv
         assert await client.busy_seconds() == busy
 
 
-async def test_control_calls_reach_every_server(two_servers):
-    async with InferenceClient(two_servers, model="tiny") as client:
+async def test_control_calls_reach_every_server(two_processes, two_servers):
+    keys = [process.api_key for process in two_processes]  # each server has its own
+    async with InferenceClient(two_servers, model="tiny", api_keys=keys) as client:
         await client.pause("keep")
         replies = await client._fan_out("GET", "/is_paused")
         assert [r["is_paused"] for r in replies] == [True, True]
         await client.resume()
         assert not await client.is_paused()
-        with pytest.raises(InferenceError, match="not found"):
+        with pytest.raises(InferenceError, match="refusing"):
             await client.update_weights("/nonexistent.safetensors", 3)
         assert await client.health()
 

@@ -7,6 +7,7 @@ import json
 import math
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 
@@ -27,9 +28,26 @@ QUESTIONS = ["What is the capital of France?", "Name three colors.", "Write a ha
 
 
 @pytest.fixture(scope="module")
-def server(smollm2_dir):
-    with embedded_server("smollm2-135m", max_batch_size=64) as process:
-        yield process.url
+def weights_dir(tmp_path_factory):
+    """The folder the module's server may load weights from (as a Tinker server's data dir)."""
+    return tmp_path_factory.mktemp("weights")
+
+
+@pytest.fixture(scope="module")
+def served(smollm2_dir, weights_dir):
+    with embedded_server("smollm2-135m", max_batch_size=64,
+                         weights_dirs=[weights_dir]) as process:
+        yield process
+
+
+@pytest.fixture(scope="module")
+def server(served):
+    return served.url
+
+
+@pytest.fixture(scope="module")
+def control_key(served):
+    return served.api_key
 
 
 @pytest.fixture(scope="module")
@@ -38,10 +56,12 @@ def reference(smollm2_dir):
     return model, AutoTokenizer.from_pretrained(smollm2_dir)
 
 
-def post(url: str, path: str, body: bytes | dict) -> tuple[int, dict]:
+def post(url: str, path: str, body: bytes | dict, key: str | None = None) -> tuple[int, dict]:
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    request = urllib.request.Request(url + path, data=data,
-                                     headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    request = urllib.request.Request(url + path, data=data, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=120) as response:
             return response.status, json.loads(response.read() or b"{}")
@@ -111,11 +131,11 @@ def test_bad_requests_get_clear_4xx_and_the_server_stays_up(server, body, status
     assert urllib.request.urlopen(f"{server}/health").status == 200
 
 
-def test_bad_control_and_chat_requests(server):
-    assert post(server, "/pause?mode=sideways", {})[0] == 400
+def test_bad_control_and_chat_requests(server, control_key):
+    assert post(server, "/pause?mode=sideways", {}, control_key)[0] == 400
     code, reply = post(server, "/update_weights", {"path": "/nonexistent.safetensors",
-                                                   "version": 1})
-    assert code == 400 and "not found" in reply["error"]["message"]
+                                                   "version": 1}, control_key)
+    assert code == 400 and "refusing" in reply["error"]["message"]
     code, reply = post(server, "/v1/chat/completions", {"messages": []})
     assert code == 400 and "messages" in reply["error"]["message"]
     assert post(server, "/v1/models/none", {})[0] in (404, 405)
@@ -151,15 +171,16 @@ def _metrics(server: str) -> dict[str, float]:
             for s in family.samples if not s.labels}
 
 
-async def test_pause_keep_update_resume_with_eight_generations(server, reference, tmp_path):
+async def test_pause_keep_update_resume_with_eight_generations(server, control_key, reference,
+                                                               weights_dir):
     model, tokenizer = reference
     original = model.state_dict()["model.norm.weight"].clone()
-    zero_norm = tmp_path / "zero-norm.safetensors"  # uniform next-token distribution
+    zero_norm = weights_dir / "zero-norm.safetensors"  # uniform next-token distribution
     save_file({"model.norm.weight": torch.zeros_like(original)}, zero_norm)
-    restore = tmp_path / "restore.safetensors"
+    restore = weights_dir / "restore.safetensors"
     save_file({"model.norm.weight": original}, restore)
     uniform = -math.log(len(tokenizer))
-    async with InferenceClient([server]) as client:
+    async with InferenceClient([server], api_keys=[control_key]) as client:
         sampling = Sampling(max_tokens=96, temperature=1.0, ignore_eos=True)
         prompts = [chat_ids(tokenizer, f"Tell a long story about dragon number {i}.")
                    for i in range(8)]
@@ -199,10 +220,10 @@ async def _wait_for_tokens(server: str, count: int) -> None:
     raise AssertionError("generation did not start")
 
 
-async def test_abort_pause_is_invisible_to_the_client(server, reference):
+async def test_abort_pause_is_invisible_to_the_client(server, control_key, reference):
     model, tokenizer = reference
     prompt = chat_ids(tokenizer, "Count from one to one hundred in words.")
-    async with InferenceClient([server], pause_poll_s=0.05) as client:
+    async with InferenceClient([server], api_keys=[control_key], pause_poll_s=0.05) as client:
         base = _metrics(server)["skyrl_inference_generation_tokens_total"]
         task = asyncio.create_task(client.complete(prompt, Sampling(max_tokens=40, seed=5)))
         await _wait_for_tokens(server, base + 5)
@@ -215,3 +236,63 @@ async def test_abort_pause_is_invisible_to_the_client(server, reference):
     expected = teacher_forced_logprobs(model, prompt, out.token_ids)
     assert max_abs_diff(out.logprobs, expected) < 1e-3
     assert tokenizer.decode(list(out.token_ids), skip_special_tokens=True) == out.text
+
+
+# ---- issue 28: authenticated control and bounded requests ------------------------------------
+
+def test_control_routes_refuse_callers_without_the_run_key(server, control_key):
+    """Stops an agent that reaches the port from stalling every generation (/pause) or swapping
+    the policy's weights: control routes need the key the run made; generation stays open."""
+    for path, body in [("/pause?mode=keep", {}), ("/resume", {}),
+                       ("/update_weights", {"path": "/dev/null", "version": 9})]:
+        assert post(server, path, body)[0] == 401, path
+        assert post(server, path, body, "wrong-" + control_key)[0] == 401, path
+    paused = json.loads(urllib.request.urlopen(f"{server}/is_paused").read())
+    assert paused == {"is_paused": False}
+    assert post(server, "/pause?mode=keep", {}, control_key) == (
+        200, {"is_paused": True, "mode": "keep"})
+    assert post(server, "/resume", {}, control_key)[0] == 200
+    assert post(server, "/v1/completions", {"prompt": "hi", "max_tokens": 1})[0] == 200
+
+
+def test_update_weights_reads_only_files_in_the_weights_folders(server, control_key, weights_dir,
+                                                                reference, tmp_path):
+    """Stops a key holder from mapping any host file (/etc/shadow, a symlink planted in the
+    weights folder) and from probing which paths exist: every refusal reads the same."""
+    outside = tmp_path / "outside.safetensors"
+    save_file({"model.norm.weight": torch.ones(576)}, outside)
+    (weights_dir / "link.safetensors").symlink_to(outside)
+    (weights_dir / "sub").mkdir()
+    (weights_dir / "sub" / "up").symlink_to(tmp_path)
+    refused = [str(outside), "/etc/passwd", "/no/such/file.safetensors",
+               str(weights_dir / "link.safetensors"),
+               str(weights_dir / "sub/up/outside.safetensors"),
+               f"{weights_dir}/../{tmp_path.name}/outside.safetensors", "relative.safetensors"]
+    messages = set()
+    for path in refused:
+        code, reply = post(server, "/update_weights", {"path": path, "version": 3}, control_key)
+        assert code == 400, (path, reply)
+        messages.add(reply["error"]["message"].replace(repr(path), "PATH"))
+    assert len(messages) == 1, messages
+    inside = weights_dir / "sub" / "same.safetensors"  # the served weights: later tests unchanged
+    save_file({"model.norm.weight": reference[0].state_dict()["model.norm.weight"]}, inside)
+    code, reply = post(server, "/update_weights", {"path": str(inside), "version": 0},
+                       control_key)
+    assert code == 200, reply
+
+
+@pytest.mark.parametrize("path, body, words", [
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 1, "seed": 2**80}, "seed"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 1, "seed": -1}, "seed"),
+    ("/v1/completions", {"prompt": ["hi"] * 5, "max_tokens": 1, "n": 64}, "at most 256"),
+    ("/tokenize", {"prompt": "a " * 600_000}, "at most 1048576"),
+    ("/v1/completions", {"prompt": "a " * 600_000, "max_tokens": 1}, "at most 1048576"),
+    ("/tokenize", {"messages": [{"role": "user", "content": "a " * 600_000}]}, "at most"),
+])
+def test_each_request_bound_answers_4xx_at_once(server, path, body, words):
+    """Stops one request from holding the server: 200 prompts x n=64 took 98 s of CPU, 8 MB to
+    /tokenize grew the server by 560 MiB, and seed=2**80 ran 17 s into an HTTP 500."""
+    started = time.monotonic()
+    code, reply = post(server, path, body)
+    assert code == 400 and words in reply["error"]["message"], reply
+    assert time.monotonic() - started < 5

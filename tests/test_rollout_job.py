@@ -133,3 +133,20 @@ def test_sigterm_stops_with_one_line_and_leaves_no_sandbox(tmp_path, work_root):
     stored = TrajectoryStore(run_dir).load().trajectories
     assert len(stored) >= 2 and all(t.reward.value == 1.0 for t in stored)  # real, not masked
     assert not any(work_root.iterdir())
+
+
+def test_a_run_keeps_its_server_keys_in_one_private_file_only(tmp_path, tiny_model_dir):
+    """Stops a key leak: the run's model server refuses control calls without its key, so the
+    key lives in one mode-0600 file of the run dir, never in config.json, logs or metrics."""
+    run_dir = tmp_path / "run"
+    result = cli("rollout", "--agent", "openhands", "--tasks", "demo", "-j", "1",
+                 "--output", str(run_dir), "--set", "tasks.limit=1",
+                 "--set", f"inference.model={tiny_model_dir}", *SMALL)
+    assert result.returncode == 0, result.stderr[-2000:]
+    key_file = run_dir / "server-keys.json"
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    (key,) = json.loads(key_file.read_text()).values()
+    assert len(key) >= 32
+    seen = [path for path in run_dir.rglob("*") if path.is_file() and path != key_file
+            and key.encode() in path.read_bytes()]
+    assert not seen and key not in result.stdout + result.stderr, seen

@@ -104,7 +104,7 @@ def test_lora_weights_reach_the_server_and_it_samples_with_them(char_model):
 
     async def check() -> None:
         with embedded_server(str(char_model)) as server:
-            async with InferenceClient([server.url]) as client:
+            async with InferenceClient([server.url], api_keys=[server.api_key]) as client:
                 await client.update_weights(str(update.path), update.version)
                 ids, logprobs = await served_logprobs(client, prompt)
         [datum] = trajectory_data(_one_turn(prompt, ids, logprobs), 1.0)

@@ -25,6 +25,7 @@ from skyrl_agent.config import RunConfig
 from skyrl_agent.data.run_dir import RunDir, RunRecord
 from skyrl_agent.data.store import TrajectoryStore
 from skyrl_agent.errors import RunStopped
+from skyrl_agent.inference.auth import endpoint_key, save_server_keys
 from skyrl_agent.inference.client import InferenceClient
 from skyrl_agent.inference.process import ServerProcess
 from skyrl_agent.tasks.model import TaskSpec
@@ -110,14 +111,16 @@ async def model_sessions(config: RunConfig, run_dir: Path) -> AsyncIterator[Mode
     servers: list[ServerProcess] = []
     try:
         if config.inference.endpoint:
-            urls = [config.inference.endpoint]
+            urls, keys = [config.inference.endpoint], [endpoint_key()]
         else:
             servers = embedded_servers(config, run_dir)
             log.info("starting %d embedded model server(s) (%s)", len(servers),
                      config.inference.model)
             urls = await asyncio.to_thread(start_all, servers)
+            keys = [server.api_key for server in servers]
+            save_server_keys(run_dir, urls, keys)
             log.info("embedded model server(s) ready at %s", ", ".join(urls))
-        async with InferenceClient(urls) as client:
+        async with InferenceClient(urls, api_keys=keys) as client:
             settings = session_config(config, await client.max_model_len())
             yield ModelAccess(session_factory(client, tokenizer, settings), client, servers)
     finally:

@@ -44,6 +44,10 @@ class ServerActor:
     def start(self) -> str:
         return self.server.start()
 
+    def api_key(self) -> str | None:
+        """The key of the server's control routes (only the run's own actors ask)."""
+        return self.server.api_key
+
     def status(self) -> tuple[bool, int | None, str]:
         """(running, exit status, log path)."""
         return self.server.running, self.server.returncode, str(self.server.log_path)
@@ -56,8 +60,8 @@ class RouterActor:
     """The run's one InferenceClient: every collector's sessions go through it, so a session
     sticks to one server and new sessions go to the least busy, whichever actor asks."""
 
-    def __init__(self, urls: Sequence[str]) -> None:
-        self.client = InferenceClient(urls)
+    def __init__(self, urls: Sequence[str], keys: Sequence[str | None]) -> None:
+        self.client = InferenceClient(urls, api_keys=keys)
 
     async def complete(self, prompt_ids: Sequence[int], sampling: Sampling,
                        session_id: str | None = None) -> Completion:

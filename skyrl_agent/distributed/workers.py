@@ -32,6 +32,7 @@ from skyrl_agent.distributed.actors import (
     TrainerActor,
 )
 from skyrl_agent.errors import RunStopped, UserError
+from skyrl_agent.inference.auth import endpoint_key, save_server_keys
 from skyrl_agent.tasks.model import TaskSpec
 from skyrl_agent.trainers.backend import (
     AdamParams,
@@ -203,6 +204,7 @@ class _Actors:
         self.store = self.spawn(StoreActor, 0, here, run_dir)
         self.trainer = self.spawn(TrainerActor, placed.trainer_cpus, here, config)
         urls = [config.inference.endpoint] if config.inference.endpoint else []
+        keys = [endpoint_key()] if urls else []
         if not urls:
             count = config.inference.num_servers
             self.servers = [self.spawn(ServerActor, placed.server_cpus, here,
@@ -213,7 +215,9 @@ class _Actors:
                 urls = list(await asyncio.gather(*[s.start.remote() for s in self.servers]))
             except RayTaskError as exc:  # e.g. the server would not start: its own error
                 raise exc.cause from None
-        self.router = self.spawn(RouterActor, 0, here, urls)
+            keys = list(await asyncio.gather(*[s.api_key.remote() for s in self.servers]))
+            save_server_keys(run_dir, urls, keys)
+        self.router = self.spawn(RouterActor, 0, here, urls, keys)
         settings = session_config(config, await self.router.max_model_len.remote())
         self.collectors = [self.spawn(CollectorActor, 0, "SPREAD", config, agent_cls,
                                       self.store, self.router, run_dir, settings)

@@ -8,6 +8,7 @@
 - A request ended by `pause(mode=abort)` is continued after resume from its partial output, so
   callers never see the pause; requests sent during a `keep` pause simply wait on the server.
 - Control calls (pause, resume, update_weights) go to every server.
+- Each server may have its own key, sent as `Authorization: Bearer KEY` on every call.
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ class CompletionClient(Protocol):
 @dataclass
 class _Server:
     url: str
+    api_key: str | None = field(default=None, repr=False)
     in_flight: int = 0
     policy_version: int = 0
     sessions: set[str] = field(default_factory=set)
@@ -99,11 +101,16 @@ class InferenceClient:
     """Async client over one or more OpenAI/vLLM-compatible servers."""
 
     def __init__(self, urls: Sequence[str], model: str | None = None, *,
+                 api_keys: Sequence[str | None] | None = None,
                  request_timeout_s: float = 900.0, retry_deadline_s: float = 120.0,
                  pause_poll_s: float = 0.2) -> None:
         if not urls:
             raise ValueError("InferenceClient needs at least one server URL")
-        self.servers = [_Server(u.rstrip("/").removesuffix("/v1")) for u in urls]
+        keys = list(api_keys) if api_keys is not None else [None] * len(urls)
+        if len(keys) != len(urls):
+            raise ValueError("InferenceClient needs one API key (or None) per server URL")
+        self.servers = [_Server(u.rstrip("/").removesuffix("/v1"), k)
+                        for u, k in zip(urls, keys, strict=True)]
         self.model = model
         self.request_timeout_s = request_timeout_s
         self.retry_deadline_s = retry_deadline_s
@@ -290,6 +297,9 @@ class InferenceClient:
 
     async def _request_once(self, server: _Server, method: str, path: str,
                             **kwargs: Any) -> Any:
+        if server.api_key:
+            kwargs["headers"] = {**(kwargs.get("headers") or {}),
+                                 "Authorization": f"Bearer {server.api_key}"}
         async with self._http().request(method, server.url + path, **kwargs) as response:
             if response.status in (502, 503, 504):
                 raise _Retryable(response.status, await response.text())

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from skyrl_agent.errors import UserError
+from skyrl_agent.inference.auth import API_KEY_ENV, CONTROL_KEY_ENV, new_key
 
 _PR_SET_PDEATHSIG = 1
 
@@ -39,8 +40,10 @@ class ServerProcess:
 
     def __init__(self, argv: Sequence[str], *, env: dict[str, str] | None = None,
                  log_path: Path | None = None, startup_timeout_s: float = 600.0,
-                 url: str | None = None) -> None:
+                 url: str | None = None, api_key: str | None = None) -> None:
         self.argv = list(argv)
+        self.api_key = api_key
+        """What clients send as `Authorization: Bearer` (None: the server wants none)."""
         self.env = env
         if log_path is None:
             fd, name = tempfile.mkstemp(prefix="skyrl-server-", suffix=".log")
@@ -163,13 +166,20 @@ def _healthy(url: str) -> bool:
 
 def embedded_server(model: str = "smollm2-135m", *, max_batch_size: int = 32,
                     max_model_len: int | None = None, served_model_name: str | None = None,
-                    log_path: Path | None = None) -> ServerProcess:
-    """A ServerProcess for the embedded server on a free port of 127.0.0.1."""
+                    log_path: Path | None = None,
+                    weights_dirs: Sequence[Path] = ()) -> ServerProcess:
+    """A ServerProcess for the embedded server on a free port of 127.0.0.1, with a fresh key
+    for its control routes (`api_key`; generation stays open). It loads weights from the
+    trainer's shared-memory files and from `weights_dirs`."""
     argv = [sys.executable, "-m", "skyrl_agent.inference.server", "--model", model,
             "--port", "0", "--max-batch-size", str(max_batch_size)]
     if max_model_len:
         argv += ["--max-model-len", str(max_model_len)]
     if served_model_name:
         argv += ["--served-model-name", served_model_name]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    return ServerProcess(argv, env=env, log_path=log_path)
+    for folder in weights_dirs:
+        argv += ["--weights-dir", str(folder)]
+    key = new_key()
+    env = {name: value for name, value in os.environ.items() if name != API_KEY_ENV}
+    env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", CONTROL_KEY_ENV: key})
+    return ServerProcess(argv, env=env, log_path=log_path, api_key=key)

@@ -115,6 +115,7 @@ class Sampler:
         self.executor = executor
         self.max_batch_size = max_batch_size
         self.log_dir = log_dir
+        """The server's data dir: sampler logs and sampler weights live under it."""
         self.base_files = sorted(base.folder.glob("*.safetensors"))
         self.gate = WeightsGate()
         self._server_weights = LoadedWeights()
@@ -164,19 +165,29 @@ class Sampler:
                 log_path = self.log_dir / f"sampler-{_safe(self.base.name)}.log" \
                     if self.log_dir else None
                 process = embedded_server(str(self.base.folder),
-                                          max_batch_size=self.max_batch_size, log_path=log_path)
+                                          max_batch_size=self.max_batch_size, log_path=log_path,
+                                          weights_dirs=self._weights_dirs())
                 url = await asyncio.to_thread(process.start)
                 self._process = process
-                self._client = InferenceClient([url])
+                self._client = InferenceClient([url], api_keys=[process.api_key])
                 log.info("sampler for %s at %s", self.base.name, url)
             return self._client
+
+    def _weights_dirs(self) -> list[Path]:
+        """What the server may load: sampler weights under the data dir, and the base model's
+        files wherever their links lead (a Hugging Face cache links them into its blobs)."""
+        folders = {self.base.folder.resolve(), *(f.resolve().parent for f in self.base_files)}
+        if self.log_dir is not None:
+            folders.add(self.log_dir.resolve())
+        return sorted(folders)
 
     async def _load_server(self, client: InferenceClient, weights: Path | None) -> None:
         files, loaded = self._server_weights.plan(weights, self.base_files)
         self._server_weights = self._server_weights.interrupted(loaded)
         for path in files:
             self._version += 1
-            await client.update_weights(str(path), self._version)
+            # The server follows no links: send the file's real path.
+            await client.update_weights(str(path.resolve()), self._version)
         self._server_weights = loaded
 
     async def _score(self, weights: Path | None, prompt: list[int], topk: int) -> PromptScores:

@@ -14,6 +14,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
 
+from skyrl_agent.inference.auth import key_matches, presented_key, unauthorized
 from skyrl_agent.inference.server import render
 from skyrl_agent.inference.server.engine import Engine
 from skyrl_agent.inference.server.metrics import ServerMetrics
@@ -21,14 +22,19 @@ from skyrl_agent.inference.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    RequestLimits,
     TokenizeRequest,
     UpdateWeightsRequest,
 )
 from skyrl_agent.inference.server.render import BadRequest
-from skyrl_agent.inference.server.weights import WeightUpdateError
+from skyrl_agent.inference.server.weight_folders import WeightUpdateError
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 PAUSE_MODES = ("keep", "wait", "abort")
+DEFAULT_LIMITS = RequestLimits()
+OPEN_ROUTES = frozenset({"/health"})
+CONTROL_ROUTES = frozenset({"/pause", "/resume", "/update_weights"})
+"""Routes that change what every client gets: never open to whoever reaches the port."""
 
 
 def _error(status: int, message: str, kind: str = "BadRequestError") -> web.Response:
@@ -49,17 +55,28 @@ def _validation_message(exc: ValidationError) -> str:
 
 
 class EmbeddedServer:
-    """Routes over one engine, one tokenizer and one served model name."""
+    """Routes over one engine, one tokenizer and one served model name.
 
-    def __init__(self, engine: Engine, tokenizer: Any, served_model_name: str) -> None:
+    `api_key` protects every route but /health (vLLM's --api-key). `control_key` (the run that
+    started the server made it) protects the control routes only. With neither, the control
+    routes are off and generation is open.
+    """
+
+    def __init__(self, engine: Engine, tokenizer: Any, served_model_name: str, *,
+                 api_key: str | None = None, control_key: str | None = None,
+                 limits: RequestLimits = DEFAULT_LIMITS) -> None:
         self.engine = engine
+        self.api_key = api_key
+        self.control_key = control_key
+        self.limits = limits
         self.tokenizer = tokenizer
         self.model_name = served_model_name
         self.metrics = ServerMetrics(engine)
         self.vocab_size = len(tokenizer)
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._errors], client_max_size=64 * 1024 * 1024)
+        app = web.Application(middlewares=[self._errors, self._authenticate],
+                              client_max_size=64 * 1024 * 1024)
         app.add_routes([
             web.get("/health", self.health), web.get("/v1/models", self.models),
             web.post("/v1/completions", self.completions),
@@ -88,6 +105,23 @@ class EmbeddedServer:
         self.metrics.http_responses.labels(route_name, str(response.status)).inc()
         return response
 
+    @web.middleware
+    async def _authenticate(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path in OPEN_ROUTES:
+            return await handler(request)
+        keys = [self.api_key] if self.api_key else []
+        if request.path in CONTROL_ROUTES:
+            keys += [self.control_key] if self.control_key else []
+            if not keys:
+                return unauthorized("control routes are off: start the server with --api-key "
+                                    "(or SKYRL_AGENT_API_KEY) to use them")
+        elif not keys:
+            return await handler(request)  # no --api-key: generation is open
+        presented = presented_key(request.headers)
+        if not any(key_matches(presented, key) for key in keys):
+            return unauthorized("a valid API key is required (Authorization: Bearer KEY)")
+        return await handler(request)
+
     async def _body[M: BaseModel](self, request: web.Request, model: type[M]) -> M:
         try:
             data = await request.json()
@@ -101,6 +135,15 @@ class EmbeddedServer:
             raise web.HTTPNotFound(reason=f"model {name!r} does not exist; "
                                           f"this server serves {self.model_name!r}")
         return body
+
+    def _encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        render.check_text_size(text, self.limits.max_prompt_chars)
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    def _check_sequences(self, prompts: int, n: int) -> None:
+        if prompts * n > self.limits.max_sequences:
+            raise BadRequest(f"{prompts} prompts x n={n} is {prompts * n} sequences; this server "
+                             f"takes at most {self.limits.max_sequences} per request")
 
     def _check_prompt(self, ids: list[int], max_tokens: int | None) -> int:
         """Validate a prompt against the vocabulary and context; returns the token budget."""
@@ -122,8 +165,8 @@ class EmbeddedServer:
 
     async def completions(self, request: web.Request) -> web.Response:
         body = await self._body(request, CompletionRequest)
-        prompts = [p if isinstance(p, list) else self.tokenizer.encode(p)
-                   for p in body.prompts()]
+        self._check_sequences(len(body.prompts()), body.n)
+        prompts = [p if isinstance(p, list) else self._encode(p) for p in body.prompts()]
         budgets = [self._check_prompt(p, body.max_tokens) for p in prompts]
         results = await asyncio.gather(*[
             self.engine.generate(p, body.sampling(b, body.logprobs), body.n)
@@ -134,9 +177,10 @@ class EmbeddedServer:
 
     async def chat_completions(self, request: web.Request) -> web.Response:
         body = await self._body(request, ChatCompletionRequest)
+        self._check_sequences(1, body.n)
         prompt = render.chat_prompt_ids(self.tokenizer, body.messages, body.tools,
                                         body.add_generation_prompt, body.continue_final_message,
-                                        body.chat_template_kwargs)
+                                        body.chat_template_kwargs, self.limits.max_prompt_chars)
         budget = self._check_prompt(prompt, body.token_limit)
         outputs = await self.engine.generate(prompt, body.sampling(budget, body.logprob_count),
                                              body.n)
@@ -151,9 +195,11 @@ class EmbeddedServer:
         if body.messages is not None:
             ids = render.chat_prompt_ids(self.tokenizer, body.messages, body.tools,
                                          body.add_generation_prompt,
-                                         template_kwargs=body.chat_template_kwargs)
+                                         template_kwargs=body.chat_template_kwargs,
+                                         max_chars=self.limits.max_prompt_chars)
         else:
-            ids = self.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+            assert body.prompt is not None  # the request checks that one of them is given
+            ids = self._encode(body.prompt, body.add_special_tokens)
         return web.json_response({"tokens": ids, "count": len(ids),
                                   "max_model_len": self.engine.max_model_len})
 

@@ -95,7 +95,7 @@ class Engine:
 
     def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int = 32,
                  max_model_len: int | None = None, prefix_cache_tokens: int = 32768,
-                 policy_version: int = 0) -> None:
+                 policy_version: int = 0, weights: WeightLoader | None = None) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
@@ -104,7 +104,7 @@ class Engine:
         self.eos_ids = _eos_ids(model, tokenizer)
         self.device = next(model.parameters()).device
         self._prefix = PrefixCache(prefix_cache_tokens)
-        self._weights = WeightLoader()
+        self._weights = weights or WeightLoader()
         self._inbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._waiting: deque[_Request] = deque()

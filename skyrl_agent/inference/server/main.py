@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -38,6 +39,14 @@ class ServeOptions:
     dtype: str = "float32"
     policy_version: int = 0
     """Version of the weights at start (a resumed run passes its checkpoint's)."""
+    api_key: str | None = field(default=None, repr=False)
+    """Protects every route but /health; None leaves generation open and control off (unless
+    the starting run set SKYRL_AGENT_CONTROL_KEY)."""
+    weights_dirs: tuple[str, ...] = ()
+    """Folders whose .safetensors files /update_weights may load, beside the trainer's
+    shared-memory files."""
+    max_sequences_per_request: int = 256
+    max_prompt_chars: int = 1 << 20
 
 
 def load_engine(options: ServeOptions):
@@ -47,6 +56,8 @@ def load_engine(options: ServeOptions):
 
     from skyrl_agent.inference.models import resolve_model
     from skyrl_agent.inference.server.engine import Engine
+    from skyrl_agent.inference.server.weight_folders import WeightsFolders
+    from skyrl_agent.inference.server.weights import WeightLoader
 
     hf_logging.disable_progress_bar()  # a server log is not a terminal
     folder = resolve_model(options.model)
@@ -68,7 +79,8 @@ def load_engine(options: ServeOptions):
         raise ConfigError(f"max_model_len {options.max_model_len} exceeds the model's "
                           f"{model.config.max_position_embeddings}")
     engine = Engine(model, tokenizer, max_batch_size=options.max_batch_size,
-                    max_model_len=options.max_model_len, policy_version=options.policy_version)
+                    max_model_len=options.max_model_len, policy_version=options.policy_version,
+                    weights=WeightLoader(WeightsFolders.with_extra(options.weights_dirs)))
     return engine, tokenizer
 
 
@@ -99,13 +111,18 @@ async def serve_until_stopped(app: web.Application, host: str, port: int) -> Non
 
 
 async def serve(options: ServeOptions) -> None:
+    from skyrl_agent.inference.auth import CONTROL_KEY_ENV
     from skyrl_agent.inference.server.app import EmbeddedServer
+    from skyrl_agent.inference.server.protocol import RequestLimits
 
+    control_key = os.environ.pop(CONTROL_KEY_ENV, None) or None
+    limits = RequestLimits(options.max_sequences_per_request, options.max_prompt_chars)
     engine, tokenizer = await asyncio.to_thread(load_engine, options)
     engine.start()
     try:
-        await serve_until_stopped(EmbeddedServer(engine, tokenizer, served_name(options)).app(),
-                                  options.host, options.port)
+        server = EmbeddedServer(engine, tokenizer, served_name(options), api_key=options.api_key,
+                                control_key=control_key, limits=limits)
+        await serve_until_stopped(server.app(), options.host, options.port)
     finally:
         engine.close()
 

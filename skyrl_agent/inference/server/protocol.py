@@ -6,11 +6,27 @@ effect when it did not.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from skyrl_agent.inference.server.sampling import SamplingParams
+
+MAX_SEED = 2**63 - 1
+"""Seeds torch's generators take (sample i of n uses seed + i, which stays below 2**64)."""
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """What one request may ask of the server, so that no single request (from anyone who can
+    reach the port) holds the CPU or memory for long."""
+
+    max_sequences: int = 256
+    """Prompts x n of one request (a request is batched as a whole)."""
+    max_prompt_chars: int = 1 << 20
+    """Characters of text to tokenize (a prompt, or rendered chat messages): tokenizing costs
+    about 70 bytes of memory per character."""
 
 
 class _Body(BaseModel):
@@ -27,7 +43,7 @@ class _Sampling(_Body):
     top_k: int = Field(default=0, ge=-1)
     """vLLM's extension; 0 or -1 = off."""
     n: int = Field(default=1, ge=1, le=64)
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False

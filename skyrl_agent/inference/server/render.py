@@ -16,8 +16,10 @@ class BadRequest(ValueError):
 def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, Any]],
                     tools: list[dict[str, Any]] | None, add_generation_prompt: bool,
                     continue_final_message: bool = False,
-                    template_kwargs: dict[str, Any] | None = None) -> list[int]:
-    """Render messages (and tool definitions) with the model's chat template into token ids."""
+                    template_kwargs: dict[str, Any] | None = None,
+                    max_chars: int | None = None) -> list[int]:
+    """Render messages (and tool definitions) with the model's chat template into token ids;
+    more than `max_chars` of rendered text is refused before it is tokenized."""
     if not getattr(tokenizer, "chat_template", None):
         raise BadRequest("this model has no chat template; use /v1/completions")
     try:
@@ -26,8 +28,15 @@ def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, Any]],
             continue_final_message=continue_final_message, **(template_kwargs or {}))
     except Exception as exc:  # noqa: BLE001 - jinja raises many types for bad messages
         raise BadRequest(f"cannot render messages with the chat template: {exc}") from None
+    check_text_size(text, max_chars)
     # The template writes special tokens as text, so they must not be added a second time.
     return tokenizer.encode(text, add_special_tokens=False)
+
+
+def check_text_size(text: str, max_chars: int | None) -> None:
+    if max_chars is not None and len(text) > max_chars:
+        raise BadRequest(f"the text to tokenize has {len(text)} characters; this server takes "
+                         f"at most {max_chars}")
 
 
 def _token_strings(tokenizer: Any, ids: tuple[int, ...]) -> list[str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import mmap
+import os
 import stat
 import struct
 import warnings
@@ -19,13 +20,11 @@ from typing import Any
 
 import torch
 
+from skyrl_agent.inference.server.weight_folders import WeightsFolders, WeightUpdateError
+
 _DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
            "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32, "I16": torch.int16,
            "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
-
-
-class WeightUpdateError(ValueError):
-    """The file is missing, unreadable, or does not fit the served model."""
 
 
 def _read_header(mapped: mmap.mmap, name: str) -> tuple[int, dict[str, Any]]:
@@ -71,24 +70,27 @@ class WeightLoader:
     size) is mapped anew.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, folders: WeightsFolders | None = None) -> None:
+        self.folders = folders
+        """Where files may come from (None: anywhere; for callers in this process only)."""
         self._key: tuple[str, int, int, int] | None = None
         self._mapped: mmap.mmap | None = None
 
     def load(self, model: Any, path: str | Path) -> int:
         """Copy the tensors in `path` into `model` in place; returns how many were copied."""
         path = Path(path)
+        fd = self.folders.open(path) if self.folders else _open_plain(path)
         try:
-            info = path.stat()
-        except OSError:
-            raise WeightUpdateError(f"weights file not found: {path}") from None
-        if not stat.S_ISREG(info.st_mode):  # the stat above already says; no second lookup
-            raise WeightUpdateError(f"weights file not found: {path}")
-        key = (str(path), info.st_dev, info.st_ino, info.st_size)
-        if key != self._key or self._mapped is None:
-            self.close()
-            self._mapped = _map(path)
-            self._key = key
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise WeightUpdateError(f"weights file not found: {path}")
+            key = (str(path), info.st_dev, info.st_ino, info.st_size)
+            if key != self._key or self._mapped is None:
+                self.close()
+                self._mapped = _map(fd, path.name)
+                self._key = key
+        finally:
+            os.close(fd)
         return _copy_into(model, self._mapped, path.name)
 
     def close(self) -> None:
@@ -106,12 +108,18 @@ def load_weights(model: Any, path: str | Path) -> int:
         loader.close()
 
 
-def _map(path: Path) -> mmap.mmap:
-    with open(path, "rb") as file:
-        try:
-            return mmap.mmap(file.fileno(), 0, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
-        except ValueError:
-            raise WeightUpdateError(f"cannot read {path.name} as safetensors: empty file") from None
+def _open_plain(path: Path) -> int:
+    try:
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        raise WeightUpdateError(f"weights file not found: {path}") from None
+
+
+def _map(fd: int, name: str) -> mmap.mmap:
+    try:
+        return mmap.mmap(fd, 0, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+    except ValueError:
+        raise WeightUpdateError(f"cannot read {name} as safetensors: empty file") from None
 
 
 def _copy_into(model: Any, mapped: mmap.mmap, name: str) -> int:
