@@ -108,6 +108,26 @@ ATTACKS = {
     # A repository the collection step cannot read: no patch, the pristine tree is graded.
     "breaks-git": "rm -rf .git\n",
 }
+REWRITER = """import json as _j, os as _o, time as _t
+_RESULTS = '/logs/verifier/test-results.json'
+if _o.path.isdir('/logs/verifier') and _o.fork() == 0:
+    _o.setsid()
+    if _o.fork() == 0:
+        _o.closerange(0, 256)
+        _seen = None
+        for _ in range(20000):
+            if _o.path.exists(_RESULTS):
+                try:
+                    _data = _j.load(open(_RESULTS))
+                except ValueError:
+                    _data = None
+                if _data and set(_data['tests'].values()) != {'PASSED'}:
+                    _data['tests'] = dict.fromkeys(_data['tests'], 'PASSED')
+                    _j.dump(_data, open(_RESULTS + '.x', 'w'))
+                    _o.replace(_RESULTS + '.x', _RESULTS)
+            _t.sleep(0.0005)
+    _o._exit(0)
+"""
 PLUGIN = "cat > forge_plugin.py <<'EOF'\n" + FORGE_HOOK + "EOF\n"
 TAMPERING = {
     # runner shadowing: a top-level pytest.py that `python -m pytest` would run instead.
@@ -141,6 +161,8 @@ LATE = {
                                  "'PASSED tests/test_wrap.py::' + n for n in ("
                                  "'test_line_that_fits_exactly_is_kept', "
                                  "'test_every_line_is_filled'))))\nEOF\n"),
+    # late results: a process the code under test leaves behind rewrites the results file.
+    "rewrites-the-results": ("cat >> textkit/__init__.py <<'EOF'\n" + REWRITER + "EOF\n"),
 }
 
 

@@ -146,7 +146,8 @@ def test_a_repo_swebench_does_not_know_is_run_with_pytest_and_said_so(caplog, pr
     warnings = [r for r in caplog.records if "acme/widgets" in r.getMessage()]
     assert len(warnings) == 1 and "pytest" in warnings[0].getMessage()
     test_sh = (task.tests_dir / "test.sh").read_text()
-    assert "python3 -s /tests/run_pytest.py /logs/verifier/test-results.json -rA" in test_sh
+    assert ("python3 -s /tests/run_pytest.py --end-others /logs/verifier/test-results.json "
+            "-rA") in test_sh
     assert "python3 -m pytest" not in test_sh
     assert isinstance(task.grader, SweGrader) and task.grader.structured
 

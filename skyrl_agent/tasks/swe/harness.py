@@ -126,7 +126,7 @@ def _pytest_under_runner(lines: list[str], test_cmd: str) -> list[str]:
     """The test command's line with pytest started by run_pytest.py (which writes
     TEST_RESULTS) instead of `pytest` or `python -m pytest`."""
     start = next(s for s in _PYTEST_STARTS if test_cmd.startswith(s))
-    launcher = f"rm -f {TEST_RESULTS}; python3 -s {RUNNER} {TEST_RESULTS} "
+    launcher = f"rm -f {TEST_RESULTS}; python3 -s {RUNNER} --end-others {TEST_RESULTS} "
     replaced = [launcher + line[len(start):] if line.startswith(test_cmd) else line
                 for line in lines]
     if replaced == lines:

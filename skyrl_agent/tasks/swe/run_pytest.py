@@ -1,6 +1,8 @@
 """The verifier's pytest launcher for SWE-format tasks (skyrl-agent).
 
-    python3 -s run_pytest.py RESULTS [pytest arguments...]      cwd: the repository
+    python3 -s run_pytest.py [--end-others] RESULTS [pytest arguments...]    cwd: the repository
+
+`--end-others` is for a sandbox of its own (test.sh passes it): it kills every other process.
 
 It runs in the task's image, whose Python may be old: plain syntax, standard library only.
 - pytest, _pytest and pluggy are imported with the repository off sys.path, so nothing in the
@@ -10,15 +12,20 @@ It runs in the task's image, whose Python may be old: plain syntax, standard lib
   installed outside the repository) are loaded by name; package metadata in the repository is
   never read.
 - The verdict is every test's outcome as pytest reported it, written as JSON to RESULTS when
-  pytest returns; then the process ends at once (os._exit), so no exit handler or thread of the
-  code under test runs after the verdict, and what it prints is never graded.
+  pytest returns, after (with --end-others) every other process in the sandbox is killed
+  (test.sh too: the verification ends here); then this process ends at once (os._exit). So no
+  process the tests left, and no exit handler of the code under test, runs after the verdict,
+  and what the tests print is never graded.
 What this cannot stop: the code under test runs in this process and can misbehave here (patch
-pytest's objects while its tests run). The verifier bounds that by what it takes from the agent
-(source changes only, screened by screen_patch.sh) and says so in the threat model.
+pytest's objects while its tests run, or race the results file from a thread of its own). The
+verifier bounds that by what it takes from the agent (source changes only, screened by
+screen_patch.sh) and says so in the threat model.
 """
 
+import contextlib
 import json
 import os
+import signal
 import sys
 
 STATUS = {"passed": "PASSED", "failed": "FAILED", "skipped": "SKIPPED"}
@@ -91,11 +98,21 @@ class Recorder:
             self.status[report.nodeid] = "ERROR"
 
 
+def _end_every_other_process():
+    """SIGKILL every process this one may signal but itself (the sandbox's init is spared by
+    the kernel): test.sh and anything the code under test left running, before the results
+    exist, so no process can rewrite them after the verdict."""
+    with contextlib.suppress(OSError):
+        os.kill(-1, signal.SIGKILL)
+
+
 def main():
-    if len(sys.argv) < 2:
-        sys.stderr.write("usage: run_pytest.py RESULTS [pytest arguments...]\n")
+    end_others = sys.argv[1:2] == ["--end-others"]
+    argv = sys.argv[2:] if end_others else sys.argv[1:]
+    if not argv:
+        sys.stderr.write("usage: run_pytest.py [--end-others] RESULTS [pytest arguments...]\n")
         os._exit(2)
-    results, args = sys.argv[1], sys.argv[2:]
+    results, args = argv[0], argv[1:]
     repo = os.path.realpath(os.getcwd())
     os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     pytest = _import_runner(repo)
@@ -103,6 +120,8 @@ def main():
     sys.path.insert(0, repo)
     recorder = Recorder()
     code = pytest.main(plugins + args, plugins=[recorder])
+    if end_others:
+        _end_every_other_process()
     staging = results + ".writing"
     with open(staging, "w") as handle:
         json.dump({"exit_code": int(code), "tests": recorder.status}, handle)
