@@ -12,6 +12,7 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
+from skyrl_agent.atomic import staging_path
 from skyrl_agent.data.store import StoreError, TrajectoryStore
 from skyrl_agent.types import FinishReason, Reward, Segment, Trajectory, Turn
 
@@ -147,13 +148,16 @@ def test_compact_never_folds_away_a_damaged_shard(tmp_path):
 
 
 def test_temporary_files_are_removed_when_opened_for_writing(tmp_path):
-    """Stops: `.tmp` leftovers of a crashed write (a half-written shard or index) being kept
-    after the store is opened for writing again. A reader leaves the folder alone."""
+    """Stops: the staging of a crashed write (a half-written shard or index) being kept after
+    the store is opened for writing again. A reader leaves the folder alone."""
     store = TrajectoryStore(tmp_path, writable=True)
     store.append([make_trajectory("demo/a", 0)])
     store.close()
     folder = tmp_path / "trajectories"
-    leftovers = [folder / ".shard-000001-deadbeef.parquet.tmp", folder / ".index.jsonl.tmp"]
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    leftovers = [staging_path(folder / name, pid=dead.pid)
+                 for name in ("shard-000001-deadbeef.parquet", "index.jsonl")]
     for leftover in leftovers:
         leftover.write_bytes(b"half written")
     assert TrajectoryStore(tmp_path).keys() == {("demo/a", 0)}

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from skyrl_agent.atomic import atomic_write_text
 from skyrl_agent.errors import UserError
 
 
@@ -111,6 +112,5 @@ class RunDir:
 
     def rewrite(self, record: RunRecord) -> None:
         """Write config.json atomically (also how a resumed run records what it changed)."""
-        staging = self.config_file.with_name(".config.json.partial")
-        staging.write_text(json.dumps({"n": record.n, "config": record.config}, indent=2))
-        staging.replace(self.config_file)
+        atomic_write_text(self.config_file,
+                          json.dumps({"n": record.n, "config": record.config}, indent=2))

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from skyrl_agent.atomic import atomic_file, atomic_write_text, clean_stale_staging
 from skyrl_agent.data.run_dir import RunDir
 from skyrl_agent.data.schema import from_row, to_table
 from skyrl_agent.errors import UserError
@@ -43,21 +44,6 @@ class StoreContents:
     """Every readable trajectory, one per (task, sample), sorted."""
     problems: list[str]
     """One line per shard that could not be read (the others were read)."""
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _durable_rename(tmp: Path, final: Path) -> None:
-    with open(tmp, "rb+") as handle:
-        os.fsync(handle.fileno())
-    os.replace(tmp, final)
-    _fsync_dir(final.parent)
 
 
 def _index_line(shard: str, keys: list[Key]) -> str:
@@ -147,9 +133,8 @@ class TrajectoryStore:
             if not fresh:
                 return None
             name = f"shard-{len(self._shards):06d}-{uuid.uuid4().hex[:8]}.parquet"
-            tmp = self.folder / f".{name}.tmp"
-            pq.write_table(to_table(fresh), tmp)
-            _durable_rename(tmp, self.folder / name)
+            with atomic_file(self.folder / name) as staging:
+                pq.write_table(to_table(fresh), staging)
             self._shards[name] = [(t.task_id, t.sample_index) for t in fresh]
             self._keys.update(self._shards[name])
             with open(self.folder / INDEX, "a") as index:
@@ -160,14 +145,12 @@ class TrajectoryStore:
 
     def _write_index(self) -> None:
         """Rewrite the whole index (recovery, compaction), atomically."""
-        tmp = self.folder / f".{INDEX}.tmp"
-        tmp.write_text("".join(_index_line(name, keys) for name, keys in self._shards.items()))
-        _durable_rename(tmp, self.folder / INDEX)
+        atomic_write_text(self.folder / INDEX,
+                          "".join(_index_line(name, keys) for name, keys in self._shards.items()))
 
     def _recover(self) -> None:
-        """Adopt complete shards the index missed; drop leftovers and temporary files."""
-        for tmp in self.folder.glob(".*.tmp"):
-            tmp.unlink()
+        """Adopt complete shards the index missed; drop leftovers and dead writers' staging."""
+        clean_stale_staging(self.folder)
         changed = self._torn_index  # appending after a torn line would corrupt the next one
         for path in sorted(self.folder.glob("shard-*.parquet")):
             if path.name in self._shards:
@@ -195,9 +178,8 @@ class TrajectoryStore:
                 return  # never fold a damaged shard away
             old = list(self._shards)
             name = f"shard-{len(old):06d}-{uuid.uuid4().hex[:8]}.parquet"
-            tmp = self.folder / f".{name}.tmp"
-            pq.write_table(to_table(contents.trajectories), tmp)
-            _durable_rename(tmp, self.folder / name)
+            with atomic_file(self.folder / name) as staging:
+                pq.write_table(to_table(contents.trajectories), staging)
             self._shards = {name: [(t.task_id, t.sample_index) for t in contents.trajectories]}
             self._write_index()
             for shard in old:
