@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import os
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -298,21 +299,27 @@ def _read_file(path: Path) -> dict[str, Any]:
     return data
 
 
-def _apply_override(data: dict[str, Any], override: str) -> None:
-    key, sep, raw = override.partition("=")
-    if not sep or not key.strip():
-        raise ConfigError(f"override must look like section.key=value, got {override!r}")
+def _set(data: dict[str, Any], key: str, value: Any) -> None:
+    """Set `section.key` in a nested mapping, making sections as needed."""
     parts = key.strip().split(".")
     node = data
     for part in parts[:-1]:
         child = node.setdefault(part, {})
         if not isinstance(child, dict):
-            raise ConfigError(f"override {key}: {part} is not a section")
+            raise ConfigError(f"{key}: {part} is not a section")
         node = child
+    node[parts[-1]] = value
+
+
+def _apply_override(data: dict[str, Any], override: str) -> None:
+    key, sep, raw = override.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override must look like section.key=value, got {override!r}")
     try:
-        node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+        value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
-        node[parts[-1]] = raw
+        value = raw
+    _set(data, key, value)
 
 
 def _one_line(exc: ValidationError) -> str:
@@ -325,17 +332,33 @@ def _one_line(exc: ValidationError) -> str:
     return "; ".join(messages)
 
 
-def load_config(path: Path | None = None, overrides: list[str] | None = None) -> RunConfig:
-    """A validated RunConfig from an optional file plus `a.b=value` overrides (applied in order)."""
-    return config_from(_read_file(path) if path is not None else {}, overrides)
+def load_config(path: Path | None = None, overrides: list[str] | None = None,
+                values: Mapping[str, Any] | None = None) -> RunConfig:
+    """A validated RunConfig from an optional file, then typed `values`, then `a.b=value`
+    overrides (applied in order, so `--set` wins over a command's own options)."""
+    return config_from(_read_file(path) if path is not None else {}, overrides, values)
 
 
-def config_from(data: dict[str, Any], overrides: list[str] | None = None) -> RunConfig:
-    """A validated RunConfig from a mapping (e.g. a run's stored settings) plus overrides."""
-    data = copy.deepcopy(data)  # overrides edit it in place
+def config_from(data: dict[str, Any], overrides: list[str] | None = None,
+                values: Mapping[str, Any] | None = None) -> RunConfig:
+    """A validated RunConfig from a mapping (e.g. a run's stored settings), then `values`
+    (`section.key` -> a typed value, e.g. a command's options; None = not given, skipped), then
+    overrides.
+
+    Values go in as they are, not as YAML text: `--tasks 2024` stays the string "2024".
+    """
+    data = copy.deepcopy(data)  # values and overrides edit it in place
+    for key, value in (values or {}).items():
+        if value is not None:
+            _set(data, key, value)
     for override in overrides or []:
         _apply_override(data, override)
     try:
         return RunConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(f"invalid config: {_one_line(exc)}") from None
+
+
+def with_values(config: RunConfig, values: Mapping[str, Any]) -> RunConfig:
+    """A validated copy of `config` with typed `values` set (`section.key` -> value)."""
+    return config_from(config.model_dump(mode="json"), values=values)

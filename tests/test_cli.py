@@ -103,3 +103,12 @@ def test_bad_config_file(tmp_path):
     missing = tmp_path / "nope.toml"
     assert_one_line_error(run("tasks", "check", "demo", "--config", str(missing)),
                           "config file not found")
+
+
+@pytest.mark.parametrize("command", [["rollout", "--tasks", "2024"],
+                                     ["train", "--dry-run", "--tasks", "2024", "--output", "1e3"]])
+def test_an_option_that_looks_like_a_number_stays_text(command, tmp_path):
+    """A task set named `2024` reached the config re-parsed as YAML, became the number 2024 and
+    failed as "not a valid string": the option's typed value must reach the task source."""
+    result = run(*command, cwd=tmp_path)
+    assert_one_line_error(result, "unknown task set or path '2024'")

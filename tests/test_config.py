@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
@@ -119,3 +121,16 @@ def test_trainer_settings_become_the_loss_and_the_optimizer():
     assert adam_params(config.trainer).grad_clip_norm == 0.5
     with pytest.raises(ValueError, match="clip_hgh"):
         parse_loss_config({"clip_hgh": 0.3})  # Tinker callers send mappings: typos are caught
+
+
+def test_typed_values_are_not_reparsed_and_set_overrides_win():
+    """A command's options go in as values: text that reads as a number or a date stays text,
+    a path stays a path; `--set` overrides still come after them and win."""
+    config = load_config(None, ["agent.name=answer"],
+                         {"tasks.source": "2024", "agent.name": "oracle", "output_dir": Path("1e3"),
+                          "inference.endpoint": None, "inference.model": "2024-01-01"})
+    assert config.tasks.source == "2024"
+    assert config.output_dir == Path("1e3")
+    assert config.inference.model == "2024-01-01"
+    assert config.inference.endpoint is None
+    assert config.agent.name == "answer"

@@ -30,14 +30,13 @@ def tasks_audit(
     Python start-up hooks, import-time forgers, git hooks, solution hunting, ...) on each task
     and report the tasks where one scores more than doing nothing. Exits 1 if any can be gamed."""
     from skyrl_agent.collector.audit import audit_tasks, chosen_attacks
-    from skyrl_agent.config import load_config
+    from skyrl_agent.config import load_config, with_values
     from skyrl_agent.sandboxes.base import sandbox_backend
     from skyrl_agent.sandboxes.reaper import reap_leftovers
     from skyrl_agent.tasks import resolve_tasks
 
     setup_logging()
-    settings = load_config(config, [*(overrides or []),
-                                    *([f"sandbox.backend={sandbox}"] if sandbox else [])])
+    settings = with_values(load_config(config, overrides), {"sandbox.backend": sandbox})
     sandbox_backend(settings.sandbox.backend)
     names = chosen_attacks(attack)
     tasks = resolve_tasks(ref, settings.tasks.include, settings.tasks.limit)

@@ -55,10 +55,9 @@ def demos(
         return
     from skyrl_agent.collector.demos import DemoJob
 
-    flags = [f"agent.name={agent}", f"tasks.source={tasks}", f"output_dir={output}"]
-    flags += [f"sandbox.backend={sandbox}"] if sandbox else []
-    flags += [f"collector.max_concurrent_sandboxes={jobs}"] if jobs else []
-    settings = load_config(config, [*flags, *(overrides or [])])
+    options = {"agent.name": agent, "tasks.source": tasks, "output_dir": output,
+               "sandbox.backend": sandbox, "collector.max_concurrent_sandboxes": jobs}
+    settings = load_config(config, overrides, options)
     job = DemoJob(settings, settings.output_dir)
     setup_logging(job.run_dir.run_log)
     try:

@@ -24,8 +24,7 @@ if TYPE_CHECKING:
     from skyrl_agent.config import RunConfig
     from skyrl_agent.evaluation.recipe import Layout, RecipeSettings, Score
 
-DEFAULTS = ["agent.name=terminus", "inference.max_tokens=128", "agent.max_turns=3",
-            "agent.timeout_s=600"]
+DEFAULTS = {"inference.max_tokens": 128, "agent.max_turns": 3, "agent.timeout_s": 600}
 """Budgets a demonstration fits (one reply of commands, one to confirm, one spare) and a
 deadline long enough for a loaded 2-core machine; `--set` overrides any of them."""
 
@@ -60,7 +59,7 @@ def recipe(
     settings = RecipeSettings(families, train_seeds, heldout_seeds, sft_epochs, 8, sft_lr,
                               rl_steps, rl_lr, n, groups_per_step, eval_samples, rl_seeds)
     settings.check()
-    base = load_config(config, [*DEFAULTS, f"agent.name={agent}", *(overrides or [])])
+    base = load_config(config, overrides, {**DEFAULTS, "agent.name": agent})
     layout = Layout(output)
     output.mkdir(parents=True, exist_ok=True)
     setup_logging(layout.log)

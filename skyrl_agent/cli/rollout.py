@@ -45,14 +45,11 @@ def rollout(
     from skyrl_agent.collector.run import Rollout
     from skyrl_agent.config import load_config
 
-    flags = [f"agent.name={agent}", f"tasks.source={tasks}"]
-    flags += [f"inference.endpoint={endpoint}"] if endpoint else []
-    flags += [f"sandbox.backend={sandbox}"] if sandbox else []
-    flags += [f"collector.max_concurrent_sandboxes={jobs}"] if jobs else []
-    flags += [f"collector.n_samples_per_task={n}"] if n else []
-    flags += [f"output_dir={output}"] if output else []
+    options = {"agent.name": agent, "tasks.source": tasks, "inference.endpoint": endpoint,
+               "sandbox.backend": sandbox, "collector.max_concurrent_sandboxes": jobs,
+               "collector.n_samples_per_task": n, "output_dir": output}
     setup_logging()
-    settings = load_config(config, [*flags, *(overrides or [])])
+    settings = load_config(config, overrides, options)
     job = Rollout(settings, settings.collector.n_samples_per_task, settings.output_dir)
     setup_logging(job.run_dir.run_log)
     try:

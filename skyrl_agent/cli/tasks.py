@@ -125,14 +125,13 @@ def tasks_check(
 ) -> None:
     """Run oracle or nop on tasks in sandboxes and report each task's reward."""
     from skyrl_agent.collector.check import check_tasks
-    from skyrl_agent.config import load_config
+    from skyrl_agent.config import load_config, with_values
     from skyrl_agent.sandboxes.base import preflight, sandbox_backend
     from skyrl_agent.sandboxes.reaper import reap_leftovers
     from skyrl_agent.tasks import resolve_tasks
 
     setup_logging()
-    settings = load_config(config, [*(overrides or []),
-                                    *([f"sandbox.backend={sandbox}"] if sandbox else [])])
+    settings = with_values(load_config(config, overrides), {"sandbox.backend": sandbox})
     sandbox_backend(settings.sandbox.backend)  # unknown backend: one line, before any work
     tasks = resolve_tasks(ref, settings.tasks.include, settings.tasks.limit)
     preflight(tasks, settings.sandbox)

@@ -62,19 +62,21 @@ def train(
         if resume:
             raise UserError("--resume needs the run's --output RUN_DIR")
         output = Path("runs") / time.strftime("train-%Y%m%d-%H%M%S")
-    given = {"agent.name": agent, "tasks.source": tasks, "collector.n_samples_per_task": n,
-             "trainer.max_steps": steps, "inference.endpoint": endpoint, "ray.address": ray}
-    flags = [f"{key}={value}" for key, value in given.items() if value is not None]
-    flags.append(f"output_dir={output}")
+    given: dict[str, object] = {
+        "agent.name": agent, "tasks.source": tasks, "collector.n_samples_per_task": n,
+        "trainer.max_steps": steps, "inference.endpoint": endpoint, "ray.address": ray,
+        "output_dir": output}
     if resume:  # the run's own settings; options given now must agree with them
         record = RunDir(output).record()
         if record is None:
             raise UserError(f"nothing to resume in {output} (no readable config.json)")
         settings = config_from({**record.config, "collector": {"n_samples_per_task": record.n}},
-                               [*flags, *(overrides or [])])
+                               overrides, given)
     else:
-        defaults = ["agent.name=answer", "tasks.source=toy", "collector.n_samples_per_task=8"]
-        settings = load_config(config, [*defaults, *flags, *(overrides or [])])
+        defaults = {"agent.name": "answer", "tasks.source": "toy",
+                    "collector.n_samples_per_task": 8}
+        given = {**defaults, **{k: v for k, v in given.items() if v is not None}}
+        settings = load_config(config, overrides, given)
     placement = None
     if settings.ray.address:
         from skyrl_agent.distributed import ray_placement

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from skyrl_agent.collector.demos import DemoJob
 from skyrl_agent.collector.run import Rollout
-from skyrl_agent.config import RunConfig, config_from
+from skyrl_agent.config import RunConfig, with_values
 from skyrl_agent.data.store import TrajectoryStore
 from skyrl_agent.stopping import run_until_stopped
 from skyrl_agent.tasks.generated import parse_ref
@@ -100,30 +100,25 @@ def score(run_dir: Path) -> Score:
     return Score(passed / max(len(kept), 1), len(kept), len(trajectories) - len(kept))
 
 
-def stage_config(config: RunConfig, *overrides: str) -> RunConfig:
-    """The run config with one stage's settings on top."""
-    return config_from(json.loads(config.model_dump_json()), list(overrides))
-
-
 def demos_job(config: RunConfig, source: str, output: Path) -> DemoJob:
-    return DemoJob(stage_config(config, f"tasks.source={source}", f"output_dir={output}"),
+    return DemoJob(with_values(config, {"tasks.source": source, "output_dir": output}),
                    output)
 
 
 def sft_plan(config: RunConfig, settings: RecipeSettings, demos: Path) -> tuple[RunConfig, SftPlan]:
-    sft_config = stage_config(config, f"trainer.learning_rate={settings.sft_learning_rate}")
+    sft_config = with_values(config, {"trainer.learning_rate": settings.sft_learning_rate})
     return sft_config, plan_sft(sft_config, demos, None, settings.sft_epochs,
                                 settings.sft_batch_size)
 
 
 def rl_job(config: RunConfig, settings: RecipeSettings, model: Path, output: Path) -> TrainJob:
     """The RL run from `model` on the training split; resumed when it was started before."""
-    rl_config = stage_config(
-        config, f"inference.model={model}", f"tasks.source={settings.rl_source}",
-        f"collector.n_samples_per_task={settings.group_size}",
-        f"trainer.groups_per_step={settings.groups_per_step}",
-        f"trainer.max_steps={settings.rl_steps}", f"trainer.checkpoint_every={RL_CHECKPOINT_EVERY}",
-        f"trainer.learning_rate={settings.rl_learning_rate}", f"output_dir={output}")
+    rl_config = with_values(config, {
+        "inference.model": str(model), "tasks.source": settings.rl_source,
+        "collector.n_samples_per_task": settings.group_size,
+        "trainer.groups_per_step": settings.groups_per_step,
+        "trainer.max_steps": settings.rl_steps, "trainer.checkpoint_every": RL_CHECKPOINT_EVERY,
+        "trainer.learning_rate": settings.rl_learning_rate, "output_dir": output})
     return TrainJob(rl_config, output, resume=(output / "config.json").exists())
 
 
@@ -150,8 +145,9 @@ def atomically(target: Path, write: Callable[[Path], object]) -> Path:
 
 def eval_job(config: RunConfig, settings: RecipeSettings, model: str, output: Path) -> Rollout:
     """Held-out rollouts of `model` (resumable like any rollout)."""
-    eval_config = stage_config(config, f"inference.model={model}",
-                               f"tasks.source={settings.heldout_source}", f"output_dir={output}")
+    eval_config = with_values(config, {"inference.model": model,
+                                       "tasks.source": settings.heldout_source,
+                                       "output_dir": output})
     return Rollout(eval_config, settings.eval_samples, output)
 
 

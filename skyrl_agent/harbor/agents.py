@@ -74,8 +74,8 @@ class SkyrlHarborAgent(BaseAgent):
     def _config(self) -> RunConfig:
         if not self.endpoint:
             raise ValueError(f"{self.name()} needs the model endpoint: pass endpoint=URL")
-        return load_config(None, [f"inference.endpoint={self.endpoint}",
-                                  f"agent.name={self.agent_name}", *self.overrides])
+        return load_config(None, self.overrides, {"inference.endpoint": self.endpoint,
+                                                  "agent.name": self.agent_name})
 
     async def run(self, instruction: str, environment: BaseEnvironment,
                   context: AgentContext) -> None:
