@@ -12,10 +12,10 @@ It runs in the task's image, whose Python may be old: plain syntax, standard lib
   installed outside the repository) are loaded by name; package metadata in the repository is
   never read.
 - The verdict is every test's outcome as pytest reported it, written as JSON to RESULTS when
-  pytest returns, after (with --end-others) every other process in the sandbox is killed
-  (test.sh too: the verification ends here); then this process ends at once (os._exit). So no
-  process the tests left, and no exit handler of the code under test, runs after the verdict,
-  and what the tests print is never graded.
+  pytest returns; with --end-others every other process in the sandbox is then killed (test.sh
+  too: the verification ends here) and the verdict written again, so a process the tests left
+  cannot have the last word. Then this process ends at once (os._exit): no exit handler of the
+  code under test runs after the verdict, and what the tests print is never graded.
 What this cannot stop: the code under test runs in this process and can misbehave here (patch
 pytest's objects while its tests run, or race the results file from a thread of its own). The
 verifier bounds that by what it takes from the agent (source changes only, screened by
@@ -106,6 +106,13 @@ def _end_every_other_process():
         os.kill(-1, signal.SIGKILL)
 
 
+def _write(path, text):
+    staging = path + ".writing"
+    with open(staging, "w") as handle:
+        handle.write(text)
+    os.replace(staging, path)
+
+
 def main():
     end_others = sys.argv[1:2] == ["--end-others"]
     argv = sys.argv[2:] if end_others else sys.argv[1:]
@@ -120,12 +127,11 @@ def main():
     sys.path.insert(0, repo)
     recorder = Recorder()
     code = pytest.main(plugins + args, plugins=[recorder])
+    verdict = json.dumps({"exit_code": int(code), "tests": recorder.status})
+    _write(results, verdict)  # before test.sh ends: the host may end this process after it
     if end_others:
         _end_every_other_process()
-    staging = results + ".writing"
-    with open(staging, "w") as handle:
-        json.dump({"exit_code": int(code), "tests": recorder.status}, handle)
-    os.replace(staging, results)
+        _write(results, verdict)  # whatever raced the first write, nothing is left to race this
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(int(code))
