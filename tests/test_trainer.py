@@ -4,7 +4,9 @@ reach a real embedded server, and the sampler and the trainer agree on what was 
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +15,7 @@ from skyrl_agent.config import RunConfig
 from skyrl_agent.inference.client import InferenceClient, Sampling
 from skyrl_agent.inference.process import embedded_server
 from skyrl_agent.trainers.batch import groups_to_batch, trajectory_data
+from skyrl_agent.trainers.checkpoints import Checkpoints, LoopState
 from skyrl_agent.trainers.reference_loop import train_on
 from skyrl_agent.trainers.torch_backend import TorchBackend
 from skyrl_agent.trainers.torch_model import LoraSettings
@@ -87,6 +90,26 @@ def test_a_checkpoint_is_written_whole(char_model, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [
         "optimizer.pt", "state.json", "weights.safetensors"]
+
+
+def test_a_checkpoint_survives_a_power_loss(char_model, tmp_path, monkeypatch):
+    """Stops: a checkpoint that survives a killed process but not a power loss (renamed into
+    place with its data never flushed), so a resumed run loads zeros or a torn file: every file
+    and both renames are fsynced, as for stored trajectories."""
+    synced: list[str] = []
+    real = os.fsync
+
+    def recording(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", recording)
+    path = Checkpoints(tmp_path).save(TorchBackend(char_model), LoopState(step=1))
+    names = {Path(p).name for p in synced}
+    assert {"weights.safetensors", "optimizer.pt", "state.json"} <= names
+    assert any(n.startswith(".loop.json.staging-") for n in names)  # loop.json's data
+    assert {str(path), str(path.parent)} <= set(synced)  # the renames of loop.json and folder
+    assert Checkpoints(tmp_path).latest() == path
 
 
 async def served_logprobs(client: InferenceClient, prompt: list[int]) -> tuple[tuple, tuple]:

@@ -10,11 +10,11 @@ the loop state a resumed run knows which of them the restored weights have seen.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from skyrl_agent.atomic import atomic_write_text
 from skyrl_agent.data.run_dir import RunDir
 from skyrl_agent.trainers.backend import TrainerBackend
 
@@ -50,9 +50,7 @@ class Checkpoints:
     def save(self, backend: TrainerBackend, state: LoopState) -> Path:
         path = self.folder / f"step-{state.step:06d}"
         backend.save_state(path, data_position=state.next_position)
-        staging = path / f".{LOOP_FILE}.partial"
-        staging.write_text(json.dumps(asdict(state)))
-        os.replace(staging, path / LOOP_FILE)
+        atomic_write_text(path / LOOP_FILE, json.dumps(asdict(state)))
         for old in self.complete()[: -self.keep]:
             shutil.rmtree(old, ignore_errors=True)
         return path

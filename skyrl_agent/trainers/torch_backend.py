@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import random
-import shutil
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -21,6 +19,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from skyrl_agent.atomic import atomic_folder
 from skyrl_agent.trainers.algorithms import entropy_BT, token_weights
 from skyrl_agent.trainers.backend import (
     AdamParams,
@@ -150,21 +149,15 @@ class TorchBackend:
                                            "learning_rate": adam.learning_rate})
 
     def save_state(self, path: Path, data_position: int = 0) -> None:
-        """Written to a sibling folder, then renamed: a crash never leaves half a checkpoint."""
-        path = Path(path)
-        staging = path.with_name(f".{path.name}.partial")
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
+        """Written whole or not at all, and durably (see skyrl_agent.atomic); the newest wins."""
         # Copies: live parameters may be views into the shared-memory file.
         tensors = {name: p.detach().to("cpu", copy=True) for name, p in self.params.items()}
-        save_file(tensors, staging / "weights.safetensors")
-        torch.save({"optimizer": self.optimizer.state_dict(), "rng": _rng_state()},
-                   staging / "optimizer.pt")
-        (staging / "state.json").write_text(json.dumps(
-            {"step": self.step, "data_position": data_position}))
-        if path.exists():
-            shutil.rmtree(path)
-        os.replace(staging, path)
+        with atomic_folder(Path(path), replace=True) as staging:
+            save_file(tensors, staging / "weights.safetensors")
+            torch.save({"optimizer": self.optimizer.state_dict(), "rng": _rng_state()},
+                       staging / "optimizer.pt")
+            (staging / "state.json").write_text(json.dumps(
+                {"step": self.step, "data_position": data_position}))
 
     def load_state(self, path: Path, optimizer: bool = True) -> TrainingState:
         path = Path(path)
