@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -19,7 +20,7 @@ from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from skyrl_agent.inference.client import InferenceClient, Sampling
-from skyrl_agent.inference.process import embedded_server
+from skyrl_agent.inference.process import ServerProcess, embedded_server
 from tests.inference_helpers import max_abs_diff, teacher_forced_logprobs
 
 pytestmark = pytest.mark.slow
@@ -296,3 +297,31 @@ def test_each_request_bound_answers_4xx_at_once(server, path, body, words):
     code, reply = post(server, path, body)
     assert code == 400 and words in reply["error"]["message"], reply
     assert time.monotonic() - started < 5
+
+
+def _tiny_server(model_dir, env: dict[str, str]) -> ServerProcess:
+    argv = [sys.executable, "-m", "skyrl_agent.inference.server", "--model", str(model_dir),
+            "--port", "0"]
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SKYRL_AGENT_")}
+    return ServerProcess(argv, env={**clean, "HF_HUB_OFFLINE": "1", **env})
+
+
+def test_serve_api_key_guards_every_route_and_without_keys_control_is_off(tiny_model_dir):
+    """Stops a served model from being driven by whoever reaches it: with SKYRL_AGENT_API_KEY
+    (or --api-key) every route but /health needs the key, as vLLM's --api-key does; with no key
+    at all, generation is open but pause / resume / update_weights are refused."""
+    key = "k-" + "x" * 40
+    with _tiny_server(tiny_model_dir, {"SKYRL_AGENT_API_KEY": key}) as guarded:
+        url = guarded.url
+        assert urllib.request.urlopen(f"{url}/health").status == 200
+        for path in ("/v1/completions", "/tokenize", "/pause", "/v1/models", "/metrics"):
+            assert post(url, path, {"prompt": "hi", "max_tokens": 1})[0] == 401, path
+        assert post(url, "/v1/completions", {"prompt": "hi", "max_tokens": 1}, key)[0] == 200
+        assert post(url, "/pause?mode=keep", {}, key)[0] == 200
+        assert post(url, "/resume", {}, key)[0] == 200
+        assert key not in guarded.log_path.read_text()
+    with _tiny_server(tiny_model_dir, {}) as open_server:
+        url = open_server.url
+        assert post(url, "/v1/completions", {"prompt": "hi", "max_tokens": 1})[0] == 200
+        code, reply = post(url, "/pause?mode=keep", {}, "any-key")
+        assert code == 401 and "--api-key" in reply["error"]["message"]

@@ -34,7 +34,7 @@ def server(char_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def service(server):
-    client = tinker.ServiceClient(base_url=server.url, api_key="tml-test")
+    client = tinker.ServiceClient(base_url=server.url, api_key=server.api_key)
     yield client
     client.close("success").result()  # stops its heartbeats before the server goes
 
@@ -242,15 +242,18 @@ def test_closing_a_service_client_releases_its_models(server):
     import urllib.error
     import urllib.request
 
-    own = tinker.ServiceClient(base_url=server.url, api_key="tml-test")
+    own = tinker.ServiceClient(base_url=server.url, api_key=server.api_key)
     client = own.create_lora_training_client(base_model="tiny", rank=4).result()
     logprobs_of(client, [[1, 2, 3]])
     own.close("success").result()  # POST /api/v1/sessions/ID/finish
-    with urllib.request.urlopen(f"{server.url}/api/v1/get_server_capabilities") as reply:
+    key = {"X-API-Key": server.api_key}
+    capabilities = urllib.request.Request(f"{server.url}/api/v1/get_server_capabilities",
+                                          headers=key)
+    with urllib.request.urlopen(capabilities) as reply:
         assert json.loads(reply.read())["supported_models"][0]["model_name"] == "tiny"
     ask = urllib.request.Request(f"{server.url}/api/v1/get_info", method="POST",
                                  data=json.dumps({"model_id": client.model_id}).encode(),
-                                 headers={"Content-Type": "application/json"})
+                                 headers={"Content-Type": "application/json", **key})
     with pytest.raises(urllib.error.HTTPError) as caught:
         urllib.request.urlopen(ask, timeout=30)
     assert caught.value.code == 404
@@ -280,8 +283,62 @@ def test_errors_reach_the_sdk_as_one_clear_message(service):
         service.create_sampling_client(model_path="tinker://../sampler_weights/w").result()
 
 
+def _post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url, data=body, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            return int(reply.status), reply.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace")
+
+
+def test_every_route_but_health_needs_the_servers_key(server):
+    """Stops anyone who can reach the port (a sandboxed agent on a shared network) from
+    training, sampling or loading checkpoints: without the key every route answers 401. The key
+    the server made is in its data dir, mode 0600, and never in its log."""
+    import json
+    import urllib.request
+
+    api = f"{server.url}/api/v1"
+    plain = {"Content-Type": "application/json"}
+    for route in ["client/config", "create_session", "create_model", "asample",
+                  "forward_backward", "retrieve_future", "save_weights", "load_weights"]:
+        for headers in [plain, {**plain, "X-API-Key": "tml-guess"},
+                        {**plain, "Authorization": "Bearer tml-guess"}]:
+            assert _post(f"{api}/{route}", b"{}", headers)[0] == 401, (route, headers)
+    assert urllib.request.urlopen(f"{api}/healthz").status == 200
+    body = json.dumps({"tags": [], "user_metadata": None, "sdk_version": "0"}).encode()
+    assert _post(f"{api}/create_session", body,
+                 {**plain, "Authorization": f"Bearer {server.api_key}"})[0] == 200
+    key_file = server.log_path.parent / "data" / "api-key"
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    assert server.api_key not in server.log_path.read_text()
+
+
+def test_bodies_are_bounded_by_the_largest_request_the_sdk_sends(server):
+    """Stops one request from taking the server's memory: the body limit was 1 GiB, plain or
+    inflated from a small gzip body. The limit is one forward_backward chunk (the size the
+    server asks the SDK for) or one datum of the longest context, doubled for protobuf."""
+    import gzip
+
+    from skyrl_agent.tinker.config import max_body_bytes
+
+    limit = max_body_bytes(1024)  # the char model's context
+    assert limit < 16 << 20
+    keyed = {"X-API-Key": server.api_key, "Content-Type": "application/x-protobuf"}
+    url = f"{server.url}/api/v1/forward_backward"
+    assert _post(url, b"\0" * (limit + 1), keyed)[0] == 413
+    bomb = gzip.compress(b"\0" * (limit + 1))
+    assert len(bomb) < 1 << 20
+    assert _post(url, bomb, {**keyed, "Content-Encoding": "gzip"})[0] == 413
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--model", "/no/such/folder"], "unknown model '/no/such/folder'"),
+    (["--api-key", "not-a-tinker-key"], "--api-key must start with tml-"),
     (["--model", "a=smollm2-135m", "--model", "a=smollm2-135m"], "--model 'a' given twice"),
     (["--model", "=x"], "give NAME=FOLDER"),
 ])

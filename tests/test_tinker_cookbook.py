@@ -123,7 +123,7 @@ def cookbook_env(tiny_model_dir, tmp_path_factory):
     server = start_server([f"{MODEL}={folder}"], root / "data", root / "server.log")
     env = {**os.environ, **SDK_ENV, "HF_HOME": str(root / "hf"),
            "HF_HUB_CACHE": str(root / "hf" / "hub"), "HF_DATASETS_CACHE": str(datasets_cache),
-           "HF_DATASETS_OFFLINE": "1", "TINKER_API_KEY": "tml-cookbook"}
+           "HF_DATASETS_OFFLINE": "1", "TINKER_API_KEY": server.api_key}
     yield server.url, env, root
     server.stop()
 

@@ -12,7 +12,13 @@ import numpy as np
 import pytest
 
 from tests.test_tinker import datum, logprobs_of
-from tests.tinker_server import _sdk_env, free_port, spawn, wait_healthy  # noqa: F401
+from tests.tinker_server import (  # noqa: F401 - autouse fixture
+    _sdk_env,
+    free_port,
+    server_key,
+    spawn,
+    wait_healthy,
+)
 from tests.tiny_models import char_model_dir
 
 tinker = pytest.importorskip("tinker")
@@ -27,7 +33,9 @@ def test_checkpoints_and_sampling_sessions_survive_a_kill_and_the_sdk_rides_the_
     first = spawn([model], data, port, tmp_path / "first.log")
     try:
         wait_healthy(port)
-        service = tinker.ServiceClient(base_url=f"http://127.0.0.1:{port}", api_key="tml-t")
+        # The restarted server keeps the key it made: the client outlives the restart.
+        service = tinker.ServiceClient(base_url=f"http://127.0.0.1:{port}",
+                                       api_key=server_key(data))
         client = service.create_lora_training_client(base_model="tiny", rank=4).result()
         seq = client.get_tokenizer().encode("survive a restart")
         for _ in range(2):

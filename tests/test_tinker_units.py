@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 from skyrl_agent.tinker.errors import TinkerUserError
 from skyrl_agent.tinker.ordering import SeqOrder
 from skyrl_agent.tinker.sampling import PARTIAL, LoadedWeights
-from skyrl_agent.tinker.store import ModelSpec, Store
+from skyrl_agent.tinker.store import ModelSpec, SamplerRef, Store
 from tests.tiny_models import char_model_dir
 
 
@@ -85,6 +85,19 @@ def test_store_accepts_only_its_own_tinker_paths(tmp_path):
         store.new_checkpoint("s:train:0", "weights", "step-1", overwrite=False)
 
 
+def test_store_names_with_a_trailing_newline_are_refused(tmp_path):
+    """Stops names that pass a `^...$` pattern with a newline at the end (`$` matches before
+    it), which would make files and tinker:// paths whose names end in a line break."""
+    store = Store(tmp_path)
+    with pytest.raises(TinkerUserError, match="invalid checkpoint name"):
+        store.new_checkpoint("s:train:0", "weights", "step-1\n")
+    with pytest.raises(TinkerUserError, match="invalid training run id"):
+        store.new_checkpoint("s:train:0\n", "weights", "step-1")
+    with pytest.raises(TinkerUserError, match="invalid sampling session id"):
+        store.save_session("sess\n", SamplerRef(base_model="tiny"))
+    assert store.load_session("sess\n") is None
+
+
 async def test_retrieve_future_long_polls_then_says_try_again_and_410_for_unknown_ids(
         tmp_path):
     """The future protocol over real HTTP: a pending request is held for poll_s and answered
@@ -110,7 +123,7 @@ async def test_retrieve_future_long_polls_then_says_try_again_and_410_for_unknow
     async def failing() -> Result:
         raise TinkerUserError("bad datum")
 
-    runner = web.AppRunner(TinkerApp(service).app())
+    runner = web.AppRunner(TinkerApp(service, "tml-unit").app())
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
@@ -118,7 +131,7 @@ async def test_retrieve_future_long_polls_then_says_try_again_and_410_for_unknow
     try:
         pending, failed = service.futures.submit("OptimStep", slow()), \
             service.futures.submit("OptimStep", failing())
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(headers={"X-API-Key": "tml-unit"}) as http:
             started = time.monotonic()
             async with http.post(url, json={"request_id": pending}) as reply:
                 assert await reply.json() == {"type": "try_again", "request_id": pending,

@@ -36,10 +36,17 @@ def server_argv(models: list[str], data_dir: Path, port: int = 0) -> list[str]:
     return argv
 
 
+def server_key(data_dir: Path) -> str:
+    """The key a server made for itself in its data dir (no --api-key given)."""
+    return (data_dir / "api-key").read_text().strip()
+
+
 def start_server(models: list[str], data_dir: Path, log: Path, port: int = 0) -> ServerProcess:
+    """A started server; its `api_key` is the one it made (read from its data dir)."""
     process = ServerProcess(server_argv(models, data_dir, port),
                             env={**os.environ, **SDK_ENV}, log_path=log, startup_timeout_s=120)
     process.start()
+    process.api_key = server_key(data_dir)
     return process
 
 

@@ -7,6 +7,10 @@ from typing import Annotated
 
 import typer
 
+KEY_ENV = "SKYRL_AGENT_TINKER_API_KEY"
+KEY_FILE = "api-key"
+"""In the data dir: the key the server made when none was given (mode 0600)."""
+
 
 def tinker_serve(
     model: Annotated[list[str] | None, typer.Option(
@@ -24,17 +28,46 @@ def tinker_serve(
         min=16, help="Padded tokens per micro-batch of forward_backward.")] = 2048,
     max_batch_size: Annotated[int, typer.Option(
         min=1, help="Sequences each sampler decodes together.")] = 32,
+    api_key: Annotated[str | None, typer.Option(
+        envvar=KEY_ENV, show_envvar=True, show_default=False,
+        help="The key every request must carry (starts with tml-; prefer the environment "
+             "variable: a command line is visible to every user). Default: a fresh key, "
+             "written to DATA_DIR/api-key (mode 0600).")] = None,
 ) -> None:
     """Serve the Tinker API (training clients, sampling clients, checkpoints) for the tinker
-    SDK: ServiceClient(base_url="http://HOST:PORT", api_key="tml-...")."""
+    SDK: ServiceClient(base_url="http://HOST:PORT", api_key=KEY)."""
+    from skyrl_agent.errors import ConfigError
     from skyrl_agent.inference.models import cache_dir
-    from skyrl_agent.tinker.config import BaseModels, ServiceOptions
+    from skyrl_agent.tinker.config import TINKER_KEY_PREFIX, BaseModels, ServiceOptions
 
+    if api_key and not api_key.startswith(TINKER_KEY_PREFIX):
+        raise ConfigError(f"--api-key must start with {TINKER_KEY_PREFIX} (the tinker SDK "
+                          "refuses other keys)")
     options = ServiceOptions(data_dir=data_dir or cache_dir() / "tinker",
                              models=tuple(model or ["smollm2-135m"]),
                              micro_batch_tokens=micro_batch_tokens,
                              max_batch_size=max_batch_size)
     BaseModels(list(options.models))  # bad names fail here, before torch is imported
+    key = api_key or _own_key(options.data_dir)
     from skyrl_agent.tinker.server import run
 
-    run(options, host, port)
+    run(options, key, host, port)
+
+
+def _own_key(data_dir: Path) -> str:
+    """The data dir's key (so clients outlive a restart), else a fresh one saved there, where
+    only this user can read it. The key itself is never printed or logged."""
+    from skyrl_agent.errors import ConfigError
+    from skyrl_agent.inference.auth import KeyFileError, new_key, read_key_file, write_key_file
+    from skyrl_agent.tinker.config import TINKER_KEY_PREFIX
+
+    path = data_dir / KEY_FILE
+    try:
+        key = read_key_file(path)
+    except KeyFileError as exc:
+        raise ConfigError(str(exc)) from None
+    if key is None:
+        key = new_key(TINKER_KEY_PREFIX)
+        write_key_file(path, key + "\n")
+    typer.echo(f"API key in {path}: clients send it (TINKER_API_KEY=$(cat {path}))", err=True)
+    return key

@@ -16,6 +16,8 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from skyrl_agent.inference.auth import key_matches, presented_key, unauthorized
+from skyrl_agent.tinker.config import CHUNK_BYTES, max_body_bytes
 from skyrl_agent.tinker.errors import TinkerUserError
 from skyrl_agent.tinker.proto import decode_forward_backward
 from skyrl_agent.tinker.service import TinkerService
@@ -24,6 +26,7 @@ from skyrl_agent.trainers.backend import AdamParams
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 PROTO = "application/x-protobuf"
+HEALTH = "/api/v1/healthz"
 
 
 def _types() -> Any:
@@ -41,14 +44,18 @@ def _future(request_id: str, model_id: str | None = None, **extra: Any) -> web.R
 
 
 class TinkerApp:
-    """The aiohttp application over one TinkerService."""
+    """The aiohttp application over one TinkerService. Every route but the health check needs
+    `api_key` (the SDK sends it as X-API-Key; `Authorization: Bearer` works too)."""
 
-    def __init__(self, service: TinkerService) -> None:
+    def __init__(self, service: TinkerService, api_key: str) -> None:
         self.service = service
         self.types = _types()
+        self.api_key = api_key
+        self.max_body = max_body_bytes(service.bases.max_context())
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._errors], client_max_size=1 << 30)
+        app = web.Application(middlewares=[self._authenticate, self._errors],
+                              client_max_size=self.max_body)
         post = {
             "client/config": self.client_config, "create_session": self.create_session,
             "session_heartbeat": self.heartbeat, "create_model": self.create_model,
@@ -63,11 +70,19 @@ class TinkerApp:
         for path, handler in post.items():
             app.router.add_post(f"/api/v1/{path}", handler)
         app.router.add_get("/api/v1/get_server_capabilities", self.capabilities)
-        app.router.add_get("/api/v1/healthz", self.ok)
+        app.router.add_get(HEALTH, self.ok)
         app.router.add_get("/api/v1/samplers/{sampler_id}", self.get_sampler)
         app.router.add_post("/api/v1/sessions/{session_id}/finish", self.finish_session)
         app.on_cleanup.append(lambda _app: self.service.close())
         return app
+
+    @web.middleware
+    async def _authenticate(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path != HEALTH and not key_matches(presented_key(request.headers),
+                                                      self.api_key):
+            return unauthorized("a valid API key is required (the key tinker-serve was "
+                                "started with, or the one in its data dir's api-key file)")
+        return await handler(request)
 
     @web.middleware
     async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -96,7 +111,8 @@ class TinkerApp:
         # Plain httpx (not pyqwest), uncompressed protobuf, chunks sent in parallel.
         return web.json_response({"use_pyqwest_transport": False,
                                   "proto_compress_fwdbwd": False,
-                                  "parallel_fwdbwd_chunks": True})
+                                  "parallel_fwdbwd_chunks": True,
+                                  "fwdbwd_max_chunk_bytes_count": CHUNK_BYTES})
 
     async def create_session(self, request: web.Request) -> web.Response:
         await self._body(request, self.types.CreateSessionRequest)
@@ -135,7 +151,7 @@ class TinkerApp:
 
     async def forward_backward(self, request: web.Request) -> web.Response:
         zstd = request.headers.get("Content-Encoding", "") == "zstd"
-        call = decode_forward_backward(await request.read(), zstd)
+        call = decode_forward_backward(await request.read(), zstd, self.max_body)
         return _future(self.service.forward_backward(call), call.model_id)
 
     async def optim_step(self, request: web.Request) -> web.Response:

@@ -29,6 +29,26 @@ class ServiceOptions:
     """How long retrieve_future holds a request open before answering try_again."""
 
 
+CHUNK_BYTES = 5_000_000
+"""The forward_backward chunk the server asks the SDK for (client/config; the SDK's default):
+the SDK splits a batch into chunks of at most this many estimated bytes, or one datum."""
+BYTES_PER_POSITION = 4 + 16 * 8
+"""The most one position of a datum weighs in the SDK's estimate: its token (int32) and 16 loss
+inputs (the SDK's custom-loss limit) of 8 bytes each (int64 or float64 at worst)."""
+DEFAULT_CONTEXT = 32768
+"""Assumed for a base model whose config names no context length."""
+TINKER_KEY_PREFIX = "tml-"
+"""The SDK refuses API keys that do not start with this (or are not JWTs)."""
+
+
+def max_body_bytes(max_context: int) -> int:
+    """The largest request body the SDK sends: a forward_backward chunk of CHUNK_BYTES, or a
+    single datum of `max_context` positions when that is bigger, doubled for protobuf's framing
+    (token ids are varints of up to 5 bytes, every datum and tensor has its own headers). Other
+    requests (a sample's prompt of at most `max_context` ids as JSON) are far smaller."""
+    return 2 * (CHUNK_BYTES + max_context * BYTES_PER_POSITION)
+
+
 @dataclass(frozen=True)
 class BaseInfo:
     """One base model: its name for clients and the folder it loads from."""
@@ -61,6 +81,10 @@ class BaseModels:
                 name, folder, bool(config.get("tie_word_embeddings", False)),
                 str(config.get("model_type", "unknown")), config.get("max_position_embeddings"),
                 int(config["vocab_size"]))
+
+    def max_context(self) -> int:
+        """The longest context among the base models."""
+        return max(base.max_context or DEFAULT_CONTEXT for base in self.models.values())
 
     def get(self, name: str | None) -> BaseInfo:
         if name in self.models:

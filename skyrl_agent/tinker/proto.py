@@ -43,16 +43,14 @@ class ForwardBackwardCall:
     data: tuple[Datum, ...]
 
 
-def decode_forward_backward(body: bytes, zstd: bool = False) -> ForwardBackwardCall:
-    """A ForwardBackwardRequest; a malformed body or datum is the caller's error."""
+def decode_forward_backward(body: bytes, zstd: bool = False,
+                            max_bytes: int = 1 << 30) -> ForwardBackwardCall:
+    """A ForwardBackwardRequest; a malformed body or datum is the caller's error. A compressed
+    body may not grow past `max_bytes` (the limit on plain bodies): a small zstd bomb would
+    otherwise take gigabytes."""
     pb = public_pb()
     if zstd:
-        import zstandard
-
-        try:
-            body = zstandard.ZstdDecompressor().decompress(body, max_output_size=1 << 31)
-        except zstandard.ZstdError as exc:
-            raise TinkerUserError(f"bad zstd body: {exc}") from None
+        body = _unzstd(body, max_bytes)
     message = pb.ForwardBackwardRequest()
     try:
         message.ParseFromString(body)
@@ -173,3 +171,17 @@ def encode_sample(sequences: Sequence[SampledSequence],
             logprobs=np.ascontiguousarray(logprobs, dtype=np.float32).tobytes(),
             k=int(ids.shape[1]), length=int(ids.shape[0])))
     return bytes(message.SerializeToString())
+
+
+def _unzstd(body: bytes, max_bytes: int) -> bytes:
+    import zstandard
+
+    try:
+        # A stream reader never trusts the size a frame header claims.
+        with zstandard.ZstdDecompressor().stream_reader(body) as reader:
+            plain = reader.read(max_bytes + 1)
+    except zstandard.ZstdError as exc:
+        raise TinkerUserError(f"bad zstd body: {exc}") from None
+    if len(plain) > max_bytes:
+        raise TinkerUserError(f"the decompressed body is over {max_bytes} bytes")
+    return plain

@@ -13,7 +13,8 @@ import logging
 from skyrl_agent.tinker.config import ServiceOptions
 
 
-async def serve(options: ServiceOptions, host: str = "127.0.0.1", port: int = 8000) -> None:
+async def serve(options: ServiceOptions, api_key: str, host: str = "127.0.0.1",
+                port: int = 8000) -> None:
     from skyrl_agent.inference.server.main import serve_until_stopped
     from skyrl_agent.tinker.app import TinkerApp
     from skyrl_agent.tinker.proto import public_pb
@@ -21,10 +22,10 @@ async def serve(options: ServiceOptions, host: str = "127.0.0.1", port: int = 80
     public_pb()  # fail at start-up, with the extra's name, when the SDK is missing
     from skyrl_agent.tinker.service import TinkerService
 
-    await serve_until_stopped(TinkerApp(TinkerService(options)).app(), host, port)
+    await serve_until_stopped(TinkerApp(TinkerService(options), api_key).app(), host, port)
 
 
-def run(options: ServiceOptions, host: str = "127.0.0.1", port: int = 8000) -> None:
+def run(options: ServiceOptions, api_key: str, host: str = "127.0.0.1", port: int = 8000) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("aiohttp").setLevel(logging.WARNING)
-    asyncio.run(serve(options, host, port))
+    asyncio.run(serve(options, api_key, host, port))

@@ -27,8 +27,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from skyrl_agent.tinker.errors import TinkerUserError
 
 Kind = Literal["weights", "sampler_weights"]
-_RUN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+# Used with fullmatch only: `$` would also match before a trailing newline.
+_RUN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 KEEP_EPHEMERAL = 4
 """Ephemeral sampler weights kept per run; older sampling sessions on them stop working."""
 
@@ -131,7 +132,7 @@ class Store:
                           ref.model_dump())
 
     def load_session(self, session_id: str) -> SamplerRef | None:
-        if not isinstance(session_id, str) or not _RUN.match(session_id):
+        if not isinstance(session_id, str) or not _RUN.fullmatch(session_id):
             return None
         path = self.root / "sampling_sessions" / f"{session_id}.json"
         try:
@@ -175,6 +176,6 @@ def write_json_atomic(path: Path, payload: object) -> None:
 
 
 def _check(pattern: re.Pattern[str], value: object, what: str) -> None:
-    if not isinstance(value, str) or not pattern.match(value) or ".." in value:
+    if not isinstance(value, str) or not pattern.fullmatch(value) or ".." in value:
         raise TinkerUserError(f"invalid {what} {value!r}: letters, digits, '.', '_', '-' "
                               "(and ':' in run ids) only")
