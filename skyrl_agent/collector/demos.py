@@ -127,6 +127,7 @@ class DemoJob:
 
         self.settings = settings
         self.agent_cls = agent_class(settings.agent.name)
+        make_agent(self.agent_cls, settings)  # a broken constructor fails before any work
         try:
             self.agent_cls.demonstration(["true"], "probe")
         except NotImplementedError as exc:

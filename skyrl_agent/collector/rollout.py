@@ -8,6 +8,7 @@ limits (an agent must not be able to opt out of a negative reward).
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 import zlib
@@ -28,6 +29,7 @@ from skyrl_agent.envs.episode import (
     run_episode,
 )
 from skyrl_agent.envs.verifier import SEPARATE
+from skyrl_agent.errors import UserError
 from skyrl_agent.tasks.model import TaskSpec
 from skyrl_agent.types import Trajectory
 
@@ -43,10 +45,31 @@ def sample_seed(run_seed: int, task_id: str, sample_index: int) -> int:
 
 
 def make_agent(agent_cls: type[Agent], config: RunConfig) -> Agent:
+    """A fresh agent, given the run's max_turns when its constructor takes it (a plug-in's own
+    constructor may not). A constructor that fails is a UserError naming the plug-in: the old
+    retry on any TypeError hid its bugs and silently dropped max_turns."""
+    kwargs = {"max_turns": config.agent.max_turns} if _takes_max_turns(agent_cls) else {}
     try:
-        return agent_cls(max_turns=config.agent.max_turns)
-    except TypeError:  # a plug-in agent with its own constructor
-        return agent_cls()
+        return agent_cls(**kwargs)
+    except Exception as exc:
+        raise _cannot_create(agent_cls, config.agent.name, exc) from exc
+
+
+def _cannot_create(agent_cls: type[Agent], configured: str, exc: Exception) -> UserError:
+    name = getattr(agent_cls, "name", None) or configured
+    where = f"{getattr(agent_cls, '__module__', '?')}.{getattr(agent_cls, '__qualname__', '?')}"
+    detail = (str(exc).strip().splitlines() or [""])[0]
+    return UserError(f"agent {name!r} ({where}) cannot be created: "
+                     f"{type(exc).__name__}: {detail}")
+
+
+def _takes_max_turns(factory: Callable[..., Any]) -> bool:
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: pass nothing
+        return False
+    return any(p.kind is p.VAR_KEYWORD or (p.name == "max_turns" and p.kind in
+               (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)) for p in params)
 
 
 async def run_rollout(task: TaskSpec, sample_index: int, agent: Agent, config: RunConfig,

@@ -20,7 +20,7 @@ from typing import Any
 from skyrl_agent.agents.base import Agent, agent_class
 from skyrl_agent.agents.session import LLMSession, SessionConfig
 from skyrl_agent.collector.collector import Collector, missing_samples
-from skyrl_agent.collector.rollout import SessionFactory
+from skyrl_agent.collector.rollout import SessionFactory, make_agent
 from skyrl_agent.config import RunConfig
 from skyrl_agent.data.run_dir import RunDir, RunRecord
 from skyrl_agent.data.store import TrajectoryStore
@@ -183,6 +183,7 @@ class Rollout:
         self.n = n
         self.run_dir = RunDir(output)
         self.agent_cls = agent_class(settings.agent.name)
+        make_agent(self.agent_cls, settings)  # a broken constructor fails before any work
         sandbox_backend(settings.sandbox.backend)
         self.tasks: list[TaskSpec] = resolve_tasks(
             settings.tasks.source, settings.tasks.include, settings.tasks.limit)

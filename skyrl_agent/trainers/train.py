@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from skyrl_agent.agents.base import agent_class
+from skyrl_agent.collector.rollout import make_agent
 from skyrl_agent.collector.run import PLACEMENT
 from skyrl_agent.config import RunConfig
 from skyrl_agent.data.run_dir import RunDir, RunRecord
@@ -64,6 +65,7 @@ class TrainJob:
         self.config = config
         self.run_dir = RunDir(output)
         self.agent_cls = agent_class(config.agent.name)
+        make_agent(self.agent_cls, config)  # a broken constructor fails before any work
         if not self.agent_cls.needs_model:
             raise UserError(f"agent {config.agent.name!r} never calls the model: nothing to "
                             "train (choose terminus, openhands or answer)")
