@@ -44,3 +44,45 @@ def test_every_top_level_module_has_a_layer():
     tops = {p.name.removesuffix(".py") for p in PACKAGE.iterdir()
             if (p.suffix == ".py" or (p / "__init__.py").exists()) and p.name != "bundled_tasks"}
     assert tops <= set(LAYER), tops - set(LAYER)
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_graph(prefix: str) -> dict[str, set[str]]:
+    """Module -> the modules under `prefix` it imports (`from pkg import mod` names mod)."""
+    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        if not name.startswith(prefix):
+            continue
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                submodules = {f"{node.module}.{alias.name}" for alias in node.names} & set(modules)
+                targets |= submodules or {node.module}
+            elif isinstance(node, ast.Import):
+                targets |= {alias.name for alias in node.names}
+        graph[name] = {t for t in targets if t.startswith(prefix) and t != name}
+    return graph
+
+
+def _in_a_cycle(graph: dict[str, set[str]]) -> list[str]:
+    def reaches(start: str) -> set[str]:
+        seen: set[str] = set()
+        todo = list(graph.get(start, ()))
+        while todo:
+            node = todo.pop()
+            if node not in seen:
+                seen.add(node)
+                todo.extend(graph.get(node, ()))
+        return seen
+    return sorted(name for name in graph if name in reaches(name))
+
+
+def test_task_sources_import_no_cycle():
+    """The dispatcher (tasks/sources.py) imports the sources; a source imports only what sits
+    below the dispatcher (tasks/base.py), never the dispatcher itself."""
+    assert _in_a_cycle(_import_graph("skyrl_agent.tasks")) == []

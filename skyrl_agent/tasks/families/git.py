@@ -13,9 +13,9 @@ from __future__ import annotations
 import hashlib
 import random
 
+from skyrl_agent.tasks.base import bundled_root
 from skyrl_agent.tasks.families.base import Blueprint, Family
 from skyrl_agent.tasks.families.words import FILE_STEMS, NOUNS, PEOPLE, phrase
-from skyrl_agent.tasks.sources import bundled_root
 
 REPO = "/app/repo"
 _INITIAL_DATE = "2024-01-01T00:00:00Z"
