@@ -15,12 +15,11 @@ trainers refuse them besides).
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from skyrl_agent.atomic import atomic_folder
 from skyrl_agent.collector.demos import DemoJob
 from skyrl_agent.collector.run import Rollout
 from skyrl_agent.config import RunConfig, with_values
@@ -134,12 +133,10 @@ def export_rl(job: TrainJob, target: Path) -> Path:
 
 
 def atomically(target: Path, write: Callable[[Path], object]) -> Path:
-    """`write` a folder into a sibling staging path, then rename it into place: a crash never
-    leaves a half-written model where a later stage would take it for finished."""
-    staging = target.with_name(f".{target.name}.partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    write(staging)
-    os.replace(staging, target)
+    """`write` a folder through skyrl_agent.atomic: a crash never leaves a half-written model
+    where a later stage would take it for finished. The newest write wins."""
+    with atomic_folder(target, replace=True) as staging:
+        write(staging)
     return target
 
 
