@@ -32,11 +32,10 @@ import hashlib
 import json
 import os
 import shlex
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
+from skyrl_agent.atomic import atomic_folder
 from skyrl_agent.config import cache_dir
 from skyrl_agent.tasks.model import TaskSpec, load_task
 from skyrl_agent.tasks.swe.harness import (
@@ -212,15 +211,7 @@ def materialize(instance: SweInstance, name: str, origin: Origin) -> TaskSpec:
     cache = cache_dir() / "swe-tasks"
     folder = cache / _digest(files)  # named by content: a changed instance gets a new folder
     if not (folder / "task.toml").is_file():
-        cache.mkdir(parents=True, exist_ok=True)
-        scratch = Path(tempfile.mkdtemp(prefix=".writing-", dir=cache))
-        try:
-            _write(scratch, files)
-            os.replace(scratch, folder)
-        except OSError:
-            if not (folder / "task.toml").is_file():  # not a concurrent writer's win
-                raise
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+        with atomic_folder(folder) as staging:  # first writer wins: concurrent ones agree
+            _write(staging, files)
     grader = SweGrader(instance, local, structured=runs_under_runner(instance))
     return dataclasses.replace(load_task(folder), grader=grader)
