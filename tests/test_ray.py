@@ -122,7 +122,8 @@ def test_sessions_stick_and_balance_across_actors(model, tmp_path, local_ray):
                                                                   tmp_path / f"s{i}.log")
                for i in range(2)]
     urls = ray.get([s.start.remote() for s in servers])
-    router = ray.remote(RouterActor).options(num_cpus=0).remote(urls)
+    keys = ray.get([s.api_key.remote() for s in servers])
+    router = ray.remote(RouterActor).options(num_cpus=0).remote(urls, keys)
     try:
         per_session = asyncio.run(_sessions_from_two_actors(router))
         assert len(per_session) == 4

@@ -60,7 +60,7 @@ class RouterActor:
     """The run's one InferenceClient: every collector's sessions go through it, so a session
     sticks to one server and new sessions go to the least busy, whichever actor asks."""
 
-    def __init__(self, urls: Sequence[str], keys: Sequence[str | None]) -> None:
+    def __init__(self, urls: Sequence[str], keys: Sequence[str | None] | None = None) -> None:
         self.client = InferenceClient(urls, api_keys=keys)
 
     async def complete(self, prompt_ids: Sequence[int], sampling: Sampling,

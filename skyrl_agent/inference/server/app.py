@@ -107,10 +107,13 @@ class EmbeddedServer:
 
     @web.middleware
     async def _authenticate(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path in OPEN_ROUTES:
+        # By the route that will answer, not the request's spelling of the path.
+        resource = request.match_info.route.resource
+        route = resource.canonical if resource is not None else None
+        if route in OPEN_ROUTES:
             return await handler(request)
         keys = [self.api_key] if self.api_key else []
-        if request.path in CONTROL_ROUTES:
+        if route in CONTROL_ROUTES:
             keys += [self.control_key] if self.control_key else []
             if not keys:
                 return unauthorized("control routes are off: start the server with --api-key "
