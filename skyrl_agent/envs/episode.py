@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from skyrl_agent.atomic import atomic_write_bytes
 from skyrl_agent.config import SandboxConfig, VerifierConfig
 from skyrl_agent.envs.env import Env
 from skyrl_agent.envs.verifier import (
@@ -138,7 +138,7 @@ async def run_episode(task: TaskSpec, act: Act, sandboxes: SandboxSource,
         if isinstance(collected, tuple):
             return EpisodeResult(*collected, sandbox_time, agent_time, mode)
         if keep_state is not None:
-            await asyncio.to_thread(save_state, collected, keep_state)
+            await asyncio.to_thread(atomic_write_bytes, keep_state, collected)
         if mode != SEPARATE:
             reward, outcome = await _guarded(run_tests(sandbox, task, fresh_home=True), outcome)
     finally:
@@ -207,13 +207,3 @@ def verifier_task(task: TaskSpec) -> TaskSpec:
     config = task.config.model_copy(update={"environment": environment})
     return dataclasses.replace(task, config=config)
 
-
-def save_state(bundle: bytes, destination: Path) -> None:
-    """Write a bundle atomically (temporary file, fsync, rename)."""
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    tmp = destination.with_name(f".{destination.name}.tmp")
-    with open(tmp, "wb") as handle:
-        handle.write(bundle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, destination)
