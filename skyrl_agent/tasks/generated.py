@@ -11,13 +11,11 @@ a name holding the hash of its files, and loaded from there like any Harbor task
 
 from __future__ import annotations
 
-import contextlib
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from skyrl_agent.atomic import atomic_folder
 from skyrl_agent.config import cache_dir
 from skyrl_agent.errors import TaskError
 from skyrl_agent.tasks.base import TaskSource
@@ -91,15 +89,9 @@ def materialize(task: GeneratedTask, root: Path | None = None) -> Path:
     final = root / task.family.name / f"d{task.difficulty}-{task.seed}-{task.digest()[:16]}"
     if (final / "task.toml").is_file():
         return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".partial-", dir=final.parent))
-    try:
+    with atomic_folder(final) as staging:  # first writer wins: concurrent runs agree
         write_task(task, staging)
-        os.chmod(staging, 0o755)
-        with contextlib.suppress(FileExistsError, OSError):  # another process won the race
-            os.rename(staging, final)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        os.chmod(staging, 0o755)  # readable by a sandbox's user whatever the umask
     if not (final / "task.toml").is_file():
         raise TaskError(f"could not write the generated task {task.name} into {final}")
     return final
