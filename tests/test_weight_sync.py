@@ -234,7 +234,7 @@ def test_shared_memory_dir_is_a_writable_directory() -> None:
 def test_files_of_dead_trainers_are_removed_and_live_ones_kept(tmp_path):
     import subprocess
 
-    from skyrl_agent.trainers.weight_sync.naming import PREFIX, new_weights_path, remove_orphans
+    from skyrl_agent.inference.weight_files import PREFIX, new_weights_path, remove_orphans
 
     finished = subprocess.Popen(["true"])
     finished.wait()

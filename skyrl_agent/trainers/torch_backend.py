@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from skyrl_agent.atomic import atomic_folder
+from skyrl_agent.inference.weight_files import new_weights_path, remove_orphans
 from skyrl_agent.trainers.algorithms import entropy_BT, token_weights
 from skyrl_agent.trainers.backend import (
     AdamParams,
@@ -48,7 +49,6 @@ from skyrl_agent.trainers.torch_model import (
     trainable_parameters,
 )
 from skyrl_agent.trainers.weight_sync import SharedWeights
-from skyrl_agent.trainers.weight_sync.naming import new_weights_path, remove_orphans
 
 log = logging.getLogger(__name__)
 

@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from skyrl_agent.trainers.weight_sync.naming import PREFIX
+from skyrl_agent.inference.weight_files import TRAINER_FILE, shared_memory_dir
 
-_TRAINER_FILE = re.compile(re.escape(PREFIX) + r"\d+-\d+\.safetensors")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # O_NONBLOCK: opening a FIFO planted under the name must not hang the engine thread.
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
@@ -33,12 +31,6 @@ _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 
 class WeightUpdateError(ValueError):
     """The file is refused, unreadable, or does not fit the served model."""
-
-
-def shared_memory_dir() -> Path:
-    from skyrl_agent.trainers.weight_sync.shared_memory import shared_memory_dir as shm
-
-    return shm()
 
 
 @dataclass(frozen=True)
@@ -74,7 +66,7 @@ class WeightsFolders:
             rest = path.relative_to(root).parts
             if not rest or not rest[-1].endswith(".safetensors"):
                 continue
-            if root == self.shared and not (len(rest) == 1 and _TRAINER_FILE.fullmatch(rest[0])):
+            if root == self.shared and not (len(rest) == 1 and TRAINER_FILE.fullmatch(rest[0])):
                 continue
             found.append((root, rest))
         return found

@@ -6,9 +6,11 @@ in-place copy into that mapping, or none when the trainer's CPU parameters live 
 (`SharedWeights.adopt`). The server then loads the file by path
 (`skyrl_agent.inference.server.weights.load_weights`), one copy from the mapping into its model.
 The caller sequences each round: export, server load, then the next optimizer step.
-Files are named after their trainer's process; those of dead processes are removed (naming.py).
+Files are named after their trainer's process; those of dead processes are removed
+(inference/weight_files.py).
 """
 
-from skyrl_agent.trainers.weight_sync.shared_memory import SharedWeights, shared_memory_dir
+from skyrl_agent.inference.weight_files import shared_memory_dir
+from skyrl_agent.trainers.weight_sync.shared_memory import SharedWeights
 
 __all__ = ["SharedWeights", "shared_memory_dir"]

@@ -19,7 +19,6 @@ import json
 import mmap
 import os
 import struct
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,15 +35,6 @@ _DTYPE_NAMES: dict[torch.dtype, str] = {
 # start of the data region can be chosen freely (by padding the header); see _data_order.
 _ALIGNMENT = 64
 _LENGTH_PREFIX = 8  # the header's length: a little-endian u64
-
-
-def shared_memory_dir() -> Path:
-    """/dev/shm when this machine has a writable one (files there are RAM, never disk), else the
-    temporary directory."""
-    shm = Path("/dev/shm")
-    if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK):
-        return shm
-    return Path(tempfile.gettempdir())
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,6 @@
-"""Names of trainers' shared-memory weight files, and removal of those their owner left behind.
+"""Trainers' shared-memory weight files: where they live, their names, and removal of those their
+owner left behind. Below both the trainer that writes them and the server that loads them (which
+accepts only files so named).
 
 A file is named after the process that made it. A trainer killed with SIGKILL cannot remove its
 file, and on /dev/shm it would hold the model's size in RAM until reboot, so every new trainer
@@ -11,14 +13,23 @@ import itertools
 import logging
 import os
 import re
+import tempfile
 from pathlib import Path
-
-from skyrl_agent.trainers.weight_sync.shared_memory import shared_memory_dir
 
 log = logging.getLogger(__name__)
 PREFIX = "skyrl-agent-weights-"
-_OWNED = re.compile(rf"^{re.escape(PREFIX)}(\d+)-\d+\.safetensors$")
+TRAINER_FILE = re.compile(rf"{re.escape(PREFIX)}(\d+)-\d+\.safetensors")
+"""A trainer's file name (fullmatch); group 1 is its process id."""
 _counter = itertools.count()
+
+
+def shared_memory_dir() -> Path:
+    """/dev/shm when this machine has a writable one (files there are RAM, never disk), else the
+    temporary directory."""
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK):
+        return shm
+    return Path(tempfile.gettempdir())
 
 
 def new_weights_path(directory: Path | None = None) -> Path:
@@ -32,7 +43,7 @@ def remove_orphans(directory: Path | None = None) -> int:
     directory = directory or shared_memory_dir()
     removed = 0
     for path in directory.glob(f"{PREFIX}*.safetensors"):
-        match = _OWNED.match(path.name)
+        match = TRAINER_FILE.fullmatch(path.name)
         if match is None or _alive(int(match.group(1))):
             continue
         try:
