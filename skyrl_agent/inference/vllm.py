@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from skyrl_agent.errors import UserError
+from skyrl_agent.inference.auth import new_key
 from skyrl_agent.inference.process import ServerProcess
 
 
@@ -77,9 +78,14 @@ def vllm_server(options: VLLMOptions, log_path: Path | None = None) -> ServerPro
     if not Path(options.model).is_dir():
         raise UserError(f"vLLM needs a local model folder, not {options.model!r}")
     port = options.port or _free_port(options.host)
-    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "HF_HUB_OFFLINE": "1"}
+    # vLLM's own key option, through its environment (a command line is readable by any user):
+    # its OpenAI routes need it. Its dev-mode control routes are reached on options.host only.
+    key = new_key()
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "HF_HUB_OFFLINE": "1",
+           "VLLM_API_KEY": key}
     return ServerProcess(vllm_command(options, port), env=env, log_path=log_path,
-                         url=f"http://{options.host}:{port}", startup_timeout_s=900.0)
+                         url=f"http://{options.host}:{port}", startup_timeout_s=900.0,
+                         api_key=key)
 
 
 def _free_port(host: str) -> int:
