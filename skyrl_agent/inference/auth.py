@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from skyrl_agent.atomic import atomic_write_text
+
 if TYPE_CHECKING:
     from aiohttp import web
 
@@ -60,17 +62,7 @@ def write_key_file(path: Path, text: str) -> Path:
     """Write `text` to `path`, readable by its owner only from the moment it exists (the name is
     replaced atomically, so a reader never sees a partial key, and a planted link is replaced,
     never followed)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    try:
-        with os.fdopen(fd, "w") as file:
-            file.write(text)
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-    return path
+    return atomic_write_text(path, text, mode=0o600)
 
 
 class KeyFileError(ValueError):

@@ -10,11 +10,10 @@ from __future__ import annotations
 import fcntl
 import importlib.util
 import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
+from skyrl_agent.atomic import atomic_folder
 from skyrl_agent.config import cache_dir
 from skyrl_agent.errors import ConfigError
 
@@ -78,12 +77,6 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
         del config.quantization_config
     plain = type(loaded)(config)
     plain.load_state_dict(loaded.state_dict())
-    staging = Path(tempfile.mkdtemp(prefix=f".{SMOLLM2}-", dir=target.parent))
-    try:
+    with atomic_folder(target, replace=True) as staging:  # a crash leaves no half folder
         plain.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
-        if target.exists():
-            shutil.rmtree(target)
-        staging.rename(target)  # atomic: a crash mid-conversion leaves no half folder
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
