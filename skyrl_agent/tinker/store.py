@@ -13,17 +13,15 @@ as `.ephemeral-N` and only the newest few per run are kept.
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from skyrl_agent.atomic import atomic_write_text
 from skyrl_agent.tinker.errors import TinkerUserError
 
 Kind = Literal["weights", "sampler_weights"]
@@ -128,8 +126,8 @@ class Store:
 
     def save_session(self, session_id: str, ref: SamplerRef) -> None:
         _check(_RUN, session_id, "sampling session id")
-        write_json_atomic(self.root / "sampling_sessions" / f"{session_id}.json",
-                          ref.model_dump())
+        atomic_write_text(self.root / "sampling_sessions" / f"{session_id}.json",
+                          ref.model_dump_json())
 
     def load_session(self, session_id: str) -> SamplerRef | None:
         if not isinstance(session_id, str) or not _RUN.fullmatch(session_id):
@@ -142,7 +140,7 @@ class Store:
 
 
 def write_spec(folder: Path, spec: ModelSpec) -> None:
-    write_json_atomic(folder / "spec.json", spec.model_dump(mode="json"))
+    atomic_write_text(folder / "spec.json", spec.model_dump_json())
 
 
 def read_spec(folder: Path) -> ModelSpec:
@@ -150,29 +148,6 @@ def read_spec(folder: Path) -> ModelSpec:
         return ModelSpec.model_validate_json((folder / "spec.json").read_text())
     except (OSError, ValidationError) as exc:
         raise TinkerUserError(f"checkpoint {folder.name} is unreadable: {exc}") from None
-
-
-def publish_folder(staging: Path, target: Path) -> None:
-    """Move a finished staging folder into place (a crash leaves the old one or none)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if target.exists():
-        shutil.rmtree(target)
-    os.replace(staging, target)
-
-
-def staging_folder(target: Path) -> Path:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
-
-
-def write_json_atomic(path: Path, payload: object) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as handle:
-        json.dump(payload, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
 
 
 def _check(pattern: re.Pattern[str], value: object, what: str) -> None:

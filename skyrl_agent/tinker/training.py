@@ -9,6 +9,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Mapping, Sequence
 
+from skyrl_agent.atomic import atomic_folder
 from skyrl_agent.tinker.errors import TinkerUserError
 from skyrl_agent.tinker.futures import Result
 from skyrl_agent.tinker.losses import loss_config
@@ -19,8 +20,6 @@ from skyrl_agent.tinker.store import (
     ModelSpec,
     SamplerRef,
     Store,
-    publish_folder,
-    staging_folder,
     write_spec,
 )
 from skyrl_agent.trainers.backend import AdamParams, Datum
@@ -103,15 +102,11 @@ def save_for_sampler(model: TrainingModel, store: Store, name: str | None,
         folder, tinker_path = store.new_checkpoint(model.model_id, "sampler_weights", name)
     else:
         folder, tinker_path = store.ephemeral_sampler(model.model_id), None
-    staging = staging_folder(folder)
-    try:
+    with atomic_folder(folder, replace=True) as staging:
         # A copy: the backend rewrites its file in place at the next save (and, in full
         # fine-tuning on CPU, at every optimizer step).
         shutil.copyfile(update.path, staging / "weights.safetensors")
         write_spec(staging, model.spec)
-        publish_folder(staging, folder)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     if tinker_path is not None:
         return Result(json={"path": tinker_path, "type": "save_weights_for_sampler"})
     if sampling_session_id is None:
