@@ -22,6 +22,7 @@ Guarantees, for every function below:
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import os
 import secrets
@@ -68,10 +69,10 @@ def _remove(path: Path) -> None:
 
 
 def clean_stale_staging(folder: Path, name: str = "*") -> list[Path]:
-    """Remove the stagings in `folder` (of the target `name`, default all) left by writers that
-    died; returns what was removed."""
+    """Remove the stagings in `folder` left by writers that died, of the targets whose names
+    match the glob pattern `name` (default: all); returns what was removed."""
     removed = []
-    for staging in Path(folder).glob(f".{name}{MARK}*-*-*"):
+    for staging in Path(folder).glob(f".{name}{MARK}*-*-*"):  # `name` is a glob pattern
         with contextlib.suppress(ValueError):  # a name that only looks like ours
             if _writer_gone(staging):
                 _remove(staging)
@@ -97,7 +98,7 @@ def _fsync_tree(root: Path) -> None:
 
 def _prepare(target: Path) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
-    clean_stale_staging(target.parent, target.name)
+    clean_stale_staging(target.parent, glob.escape(target.name))
     return staging_path(target)
 
 

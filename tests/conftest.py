@@ -84,3 +84,17 @@ def work_root():
     folder.chmod(0o755)
     yield folder
     shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def fsynced(monkeypatch) -> list[str]:
+    """The paths passed to os.fsync from now on, in order (what a power loss would keep)."""
+    synced: list[str] = []
+    real = os.fsync
+
+    def recording(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", recording)
+    return synced

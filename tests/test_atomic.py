@@ -137,24 +137,16 @@ def test_killed_writer_never_leaves_a_partial_target(tmp_path, kind):
     assert naive_torn > 0
 
 
-def test_data_and_parent_are_fsynced(tmp_path, monkeypatch):
+def test_data_and_parent_are_fsynced(tmp_path, fsynced):
     """Stops: a power loss after the write returned losing it (renamed but never flushed, or
     the rename itself not on disk): the file's data, every folder's files, and the parent."""
-    synced: list[str] = []
-    real = os.fsync
-
-    def recording(fd: int) -> None:
-        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
-        real(fd)
-
-    monkeypatch.setattr(os, "fsync", recording)
     atomic_write_text(tmp_path / "a.txt", "hello")
-    assert synced[0].startswith(str(tmp_path / f".a.txt{MARK}")) and synced[1] == str(tmp_path)
-    synced.clear()
+    assert fsynced[0].startswith(str(tmp_path / f".a.txt{MARK}")) and fsynced[1] == str(tmp_path)
+    fsynced.clear()
     with atomic_folder(tmp_path / "f") as staging:
         (staging / "sub").mkdir()
         (staging / "sub" / "x").write_text("x")
-    assert {Path(p).name for p in synced[:-1]} >= {"x", "sub"} and synced[-1] == str(tmp_path)
+    assert {Path(p).name for p in fsynced[:-1]} >= {"x", "sub"} and fsynced[-1] == str(tmp_path)
     assert (tmp_path / "f" / "sub" / "x").read_text() == "x"
 
 

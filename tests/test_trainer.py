@@ -4,7 +4,6 @@ reach a real embedded server, and the sampler and the trainer agree on what was 
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 from pathlib import Path
 
@@ -92,23 +91,15 @@ def test_a_checkpoint_is_written_whole(char_model, tmp_path):
         "optimizer.pt", "state.json", "weights.safetensors"]
 
 
-def test_a_checkpoint_survives_a_power_loss(char_model, tmp_path, monkeypatch):
+def test_a_checkpoint_survives_a_power_loss(char_model, tmp_path, fsynced):
     """Stops: a checkpoint that survives a killed process but not a power loss (renamed into
     place with its data never flushed), so a resumed run loads zeros or a torn file: every file
     and both renames are fsynced, as for stored trajectories."""
-    synced: list[str] = []
-    real = os.fsync
-
-    def recording(fd: int) -> None:
-        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
-        real(fd)
-
-    monkeypatch.setattr(os, "fsync", recording)
     path = Checkpoints(tmp_path).save(TorchBackend(char_model), LoopState(step=1))
-    names = {Path(p).name for p in synced}
+    names = {Path(p).name for p in fsynced}
     assert {"weights.safetensors", "optimizer.pt", "state.json"} <= names
     assert any(n.startswith(".loop.json.staging-") for n in names)  # loop.json's data
-    assert {str(path), str(path.parent)} <= set(synced)  # the renames of loop.json and folder
+    assert {str(path), str(path.parent)} <= set(fsynced)  # the renames of loop.json and folder
     assert Checkpoints(tmp_path).latest() == path
 
 
