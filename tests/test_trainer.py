@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from skyrl_agent.atomic import staging_path
 from skyrl_agent.config import RunConfig
+from skyrl_agent.data.run_dir import RunDir
 from skyrl_agent.inference.client import InferenceClient, Sampling
 from skyrl_agent.inference.process import embedded_server
 from skyrl_agent.trainers.batch import groups_to_batch, trajectory_data
@@ -101,6 +105,20 @@ def test_a_checkpoint_survives_a_power_loss(char_model, tmp_path, fsynced):
     assert any(n.startswith(".loop.json.staging-") for n in names)  # loop.json's data
     assert {str(path), str(path.parent)} <= set(fsynced)  # the renames of loop.json and folder
     assert Checkpoints(tmp_path).latest() == path
+
+
+def test_a_killed_saves_staging_is_removed_by_the_next_save(char_model, tmp_path):
+    """Stops: each killed checkpoint save leaving a full-size staging folder behind (a disk
+    filled by crashed saves of steps never saved again)."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    folder = RunDir(tmp_path).checkpoints
+    folder.mkdir(parents=True)
+    leftover = staging_path(folder / "step-000005", pid=dead.pid)
+    leftover.mkdir()
+    (leftover / "weights.safetensors").write_bytes(b"half")
+    path = Checkpoints(tmp_path).save(TorchBackend(char_model), LoopState(step=6))
+    assert sorted(p.name for p in folder.iterdir()) == [path.name]
 
 
 async def served_logprobs(client: InferenceClient, prompt: list[int]) -> tuple[tuple, tuple]:

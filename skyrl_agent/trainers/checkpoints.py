@@ -14,7 +14,7 @@ import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from skyrl_agent.atomic import atomic_write_text
+from skyrl_agent.atomic import atomic_write_text, clean_stale_staging
 from skyrl_agent.data.run_dir import RunDir
 from skyrl_agent.trainers.backend import TrainerBackend
 
@@ -49,6 +49,7 @@ class Checkpoints:
 
     def save(self, backend: TrainerBackend, state: LoopState) -> Path:
         path = self.folder / f"step-{state.step:06d}"
+        clean_stale_staging(self.folder)  # a killed save's staging, of any step
         backend.save_state(path, data_position=state.next_position)
         atomic_write_text(path / LOOP_FILE, json.dumps(asdict(state)))
         for old in self.complete()[: -self.keep]:
