@@ -91,6 +91,28 @@ def test_damaged_shard_is_named_and_others_still_read(tmp_path):
         TrajectoryStore(tmp_path / "nowhere")
 
 
+def test_a_new_run_dir_is_made_with_its_parents(tmp_path):
+    run_dir = tmp_path / "runs" / "new" / "run"
+    store = TrajectoryStore(run_dir, writable=True)
+    store.append([make_trajectory("demo/a", 0)])
+    store.close()
+    assert [t.task_id for t in TrajectoryStore(run_dir).load().trajectories] == ["demo/a"]
+
+
+def test_a_damaged_index_line_before_the_last_is_named(tmp_path):
+    """Only the last line may be torn (a crash mid-append); one before it is corruption, named
+    by file and line, never silently dropped."""
+    store = TrajectoryStore(tmp_path, writable=True)
+    store.append([make_trajectory("demo/a", 0)])
+    store.append([make_trajectory("demo/b", 0)])
+    store.close()
+    index = next(tmp_path.rglob("index.jsonl"))
+    lines = index.read_text().splitlines()
+    index.write_text("\n".join(["{not json", *lines[1:]]) + "\n")
+    with pytest.raises(StoreError, match=r"index\.jsonl is corrupted at line 1: "):
+        TrajectoryStore(tmp_path)
+
+
 def test_one_writer_at_a_time(tmp_path):
     first = TrajectoryStore(tmp_path, writable=True)
     with pytest.raises(StoreError, match="another process"):
