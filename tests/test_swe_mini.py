@@ -107,6 +107,12 @@ ATTACKS = {
                       "print('>>>>> End Test Output')\nEOF\n"),
     # A repository the collection step cannot read: no patch, the pristine tree is graded.
     "breaks-git": "rm -rf .git\n",
+    # A program in the agent's .git/config run at collection (a clean filter staging a fix the
+    # working tree never held).
+    "filter-at-collection": ("git config filter.fix.clean "
+                             "\"sed 's/len(word) >= width/len(word) > width/'\"\n"
+                             "echo 'textkit/wrap.py filter=fix' > .gitattributes\n"
+                             "touch textkit/wrap.py\n"),
 }
 REWRITER = """import json as _j, os as _o, time as _t
 _RESULTS = '/logs/verifier/test-results.json'

@@ -69,11 +69,25 @@ add where Python looks first."""
 HARMLESS_NAMES = frozenset({"test", "this", "antigravity", "idlelib", "turtledemo",
                             "__hello__", "__phello__"})
 """Standard-library names nothing in the runner imports; agents name scratch files so."""
-COLLECT = (f"rm -rf {MODEL_PATCH} && mkdir -p {os.path.dirname(MODEL_PATCH)} && cd /testbed && "
-           "git -c core.fsmonitor=false -c core.hooksPath=/dev/null add -A . && "
-           "git -c core.fsmonitor=false diff --cached --binary "
-           f"\"$(cat /skyrl/swe/head 2>/dev/null || echo HEAD)\" > {MODEL_PATCH}")
-"""Run in the agent's sandbox after its processes are killed: its changes as one patch."""
+COLLECT = " && ".join([
+    f"rm -rf {MODEL_PATCH}", f"mkdir -p {os.path.dirname(MODEL_PATCH)}", "cd /testbed",
+    "base=$(cat /skyrl/swe/head)", "snap=$(mktemp -d)",
+    "[ -d .git/objects ] && [ ! -L .git ] && [ ! -L .git/objects ]",
+    'cp -R -P .git/objects "$snap/objects"', 'rm -rf "$snap/objects/info"',
+    'find "$snap" ! -type f ! -type d -delete', 'mkdir "$snap/refs"',
+    'echo "$base" > "$snap/HEAD"',
+    "g() { env -i PATH=/usr/bin:/bin HOME=\"$snap\" GIT_DIR=\"$snap\" GIT_WORK_TREE=/testbed "
+    "GIT_INDEX_FILE=\"$snap/index\" GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null "
+    "GIT_ATTR_NOSYSTEM=1 GIT_NO_REPLACE_OBJECTS=1 git -c core.fsmonitor=false "
+    "-c core.hooksPath=/dev/null -c core.attributesFile=/dev/null -c safe.directory='*' "
+    '"$@"; }',
+    'g read-tree "$base"', "g add -A .",
+    f'g diff --cached --binary --no-ext-diff --no-textconv "$base" > {MODEL_PATCH}',
+    'rm -rf "$snap"'])
+"""Run in the agent's sandbox after its processes are killed: its changes since the base commit
+as one patch. git reads a copy of the object store (no alternates) with a fresh index and a
+configuration of its own, so nothing in the agent's `.git` (config, filters, hooks, commondir)
+names a program that runs here, past the agent's time."""
 
 
 @dataclasses.dataclass(frozen=True)
