@@ -52,13 +52,18 @@ def _writer_gone(staging: Path) -> bool:
         return False  # another host's writer: we cannot tell, so leave it
     if int(pid) == os.getpid():
         return False  # another thread of this process may be writing it
+    return not process_alive(int(pid))
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process `pid` exists on this host (another user's counts)."""
     try:
-        os.kill(int(pid), 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
-        return True
+        return False
     except PermissionError:
-        return False  # alive, another user's
-    return False
+        return True
+    return True
 
 
 def _remove(path: Path) -> None:

@@ -16,6 +16,8 @@ import re
 import tempfile
 from pathlib import Path
 
+from skyrl_agent.atomic import process_alive
+
 log = logging.getLogger(__name__)
 PREFIX = "skyrl-agent-weights-"
 TRAINER_FILE = re.compile(rf"{re.escape(PREFIX)}(\d+)-\d+\.safetensors")
@@ -44,7 +46,7 @@ def remove_orphans(directory: Path | None = None) -> int:
     removed = 0
     for path in directory.glob(f"{PREFIX}*.safetensors"):
         match = TRAINER_FILE.fullmatch(path.name)
-        if match is None or _alive(int(match.group(1))):
+        if match is None or process_alive(int(match.group(1))):
             continue
         try:
             path.unlink()
@@ -57,12 +59,3 @@ def remove_orphans(directory: Path | None = None) -> int:
         log.info("removed %d weights files left by stopped trainers", removed)
     return removed
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, owned by someone else
-    return True
