@@ -1,7 +1,7 @@
 """Does training make the agent better? Held-out pass rate of the base model, after the warm
 start (SFT on demonstrations) and after K RL steps, for several seeds, side by side.
 
-Everything is the real pipeline (`skyrl_agent/evaluation/recipe.py`, what `skyrl-agent recipe`
+Everything is the real pipeline (`skyrl_agent/jobs/recipe.py`, what `skyrl-agent recipe`
 runs): Terminus with the bundled SmolLM2-135M on the embedded CPU server, generated task
 families in local sandboxes, separate-mode verification, the torch trainer.
 
@@ -45,7 +45,7 @@ from pathlib import Path
 from skyrl_agent.config import RunConfig, load_config
 from skyrl_agent.data.store import TrajectoryStore
 from skyrl_agent.errors import RunStopped, UserError
-from skyrl_agent.evaluation.recipe import (
+from skyrl_agent.jobs.recipe import (
     RecipeSettings,
     Score,
     demos_job,

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Sets up and runs the gates (ruff, mypy) and every test tier: unit, slow, and Docker (engine
 # started here when possible). Extra arguments go to pytest, e.g. scripts/test.sh -m "not docker".
+# Tests run in SKYRL_AGENT_TEST_WORKERS parallel workers (default 2: most of a test's time is
+# spent waiting on sandboxes, servers and Docker, so two overlap well even on 2 cores); a test
+# file stays on one worker (its module fixtures start once) and tests marked `serial` run alone.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --dev || exit $?
@@ -15,7 +18,8 @@ if [ "$(id -u)" = 0 ] && command -v dockerd >/dev/null; then
   export SKYRL_AGENT_REQUIRE_DOCKER=1   # the Docker tier must run, not skip
 fi
 
-.venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+workers="${SKYRL_AGENT_TEST_WORKERS:-2}"
+.venv/bin/python -m pytest -q -p no:cacheprovider -n "$workers" --dist loadfile "$@"
 status=$?
 # Tests must leave no local sandbox behind (no folder, no mounted disk, no cgroup), and no
 # trainer's shared-memory weights file.

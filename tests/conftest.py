@@ -1,11 +1,15 @@
 """Shared fixtures: sandbox backends, the Docker and GPU tier guards (SKYRL_AGENT_REQUIRE_DOCKER=1
-or SKYRL_AGENT_REQUIRE_GPU=1 make a tier run or fail, never skip), models."""
+or SKYRL_AGENT_REQUIRE_GPU=1 make a tier run or fail, never skip), models, and the machine shared
+by parallel workers (tests marked `serial` run alone)."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -40,13 +44,58 @@ def _guard_tier(items, marker: str, why: str | None, require_variable: str) -> N
             item.add_marker(pytest.mark.skip(reason=why))
 
 
+LONGEST_FILES = ("test_harbor", "test_rollout_job", "test_train", "test_agents_e2e", "test_recipe",
+                 "test_ray", "test_audit", "test_sandbox_security", "test_tinker_cookbook",
+                 "test_families_check", "test_learning", "test_inference_server")
+"""Files that take the longest (measured with --durations), handed to parallel workers first so
+no long file starts last and leaves the other worker idle."""
+
+
+def _longest_first(item) -> int:
+    name = item.path.stem
+    return LONGEST_FILES.index(name) if name in LONGEST_FILES else len(LONGEST_FILES)
+
+
 def pytest_collection_modifyitems(config, items):
     from skyrl_agent.inference.vllm import vllm_available
+
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=_longest_first)  # stable: the order within a file is kept
 
     if any("docker" in item.keywords for item in items):
         _guard_tier(items, "docker", _docker_ready(), "SKYRL_AGENT_REQUIRE_DOCKER")
     if any("gpu" in item.keywords for item in items):
         _guard_tier(items, "gpu", vllm_available(), "SKYRL_AGENT_REQUIRE_GPU")
+
+
+@contextlib.contextmanager
+def _share_of_the_machine(item) -> Iterator[None]:
+    """Under pytest-xdist: a `serial` test holds the machine alone, every other test shares it.
+
+    Two file locks in the run's base temp folder, common to its workers: the room (shared by
+    ordinary tests, exclusive for a serial one) and a turnstile taken before the room, so a
+    waiting serial test is not starved by the other worker's stream of ordinary tests."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        yield
+        return
+    folder = item.config._tmp_path_factory.getbasetemp().parent  # the run's, not the worker's
+    alone = item.get_closest_marker("serial") is not None
+    with open(folder / "turnstile.lock", "a") as turnstile, open(folder / "room.lock", "a") as room:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        fcntl.flock(room, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(room, fcntl.LOCK_UN)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Outside pytest-timeout's own wrapper: time spent waiting for the machine is not the
+    test's."""
+    with _share_of_the_machine(item):
+        yield
 
 
 @pytest.fixture(params=["local", pytest.param("docker", marks=pytest.mark.docker)])

@@ -93,7 +93,7 @@ def test_uniform_groups_can_be_left_out_of_the_batch():
 
 def test_skipping_uniform_groups_never_skips_a_whole_step(tiny_model_dir):
     from skyrl_agent.config import load_config
-    from skyrl_agent.trainers.reference_loop import train_on
+    from skyrl_agent.trainers.step import train_on
     from skyrl_agent.trainers.torch_backend import TorchBackend
 
     config = load_config(None, ["trainer.skip_uniform_groups=true"])

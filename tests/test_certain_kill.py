@@ -26,7 +26,7 @@ from tests.attack_tasks import ATTACKS, HONEST_TEST, SYMLINKS
 from tests.helpers import make_task
 from tests.test_sandbox_security import _host_processes, _wait_gone
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # fork bombs: a load that starves a neighbour
 
 # Eight processes that fork for ever and retry at once whenever the pids limit refuses: the
 # sandbox stays at its limit while signals race the forks.

@@ -12,11 +12,12 @@ from transformers import AutoTokenizer
 from skyrl_agent.agents.codeact.parsing import parse_tool_calls
 from skyrl_agent.agents.teacher import TEACHER_LOGPROB
 from skyrl_agent.agents.terminus.parsing import parse_reply
-from skyrl_agent.collector.demos import DemoJob, keep_rewarded, replay, token_problem
+from skyrl_agent.collector.demos import replay, token_problem
 from skyrl_agent.config import load_config
 from skyrl_agent.data.run_dir import RunDir, RunRecord
 from skyrl_agent.data.store import TrajectoryStore
 from skyrl_agent.errors import UserError
+from skyrl_agent.jobs.demos import DemoJob, keep_rewarded
 from skyrl_agent.tasks import resolve_tasks
 from skyrl_agent.tasks.solution import solution_commands
 from skyrl_agent.trainers.batch import sft_data

@@ -131,6 +131,7 @@ async def test_retries_503_then_succeeds():
     assert len(app[SEEN]) == 3 and out.token_ids == (7,) and out.policy_version == 4
 
 
+@pytest.mark.serial  # a port reserved now is bound later
 async def test_retries_until_a_server_comes_up():
     port = _free_port()
     async with InferenceClient([f"http://127.0.0.1:{port}"]) as client:
@@ -152,6 +153,7 @@ async def test_gives_up_after_the_retry_deadline():
     assert info.value.status == 0
 
 
+@pytest.mark.serial  # a time bound
 async def test_a_client_error_fails_at_once_without_a_retry():
     """Stops: a 4xx being retried like a 503. The request is wrong, so asking again cannot
     help: the first answer is final (one request seen, in less than the retries' backoff)."""
@@ -171,6 +173,7 @@ async def test_a_client_error_fails_at_once_without_a_retry():
     assert len(app[SEEN]) == 1 and elapsed < 0.3
 
 
+@pytest.mark.serial  # ports reserved now are bound later
 async def test_a_session_sticks_to_its_server_while_the_other_is_less_busy():
     """Stops: sticky routing being dropped (every request to the least busy server). Session
     s's first request is still running on its server, so the other one is less busy; s's next

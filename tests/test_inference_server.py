@@ -290,6 +290,7 @@ def test_update_weights_reads_only_files_in_the_weights_folders(server, control_
     ("/v1/completions", {"prompt": "a " * 600_000, "max_tokens": 1}, "at most 1048576"),
     ("/tokenize", {"messages": [{"role": "user", "content": "a " * 600_000}]}, "at most"),
 ])
+@pytest.mark.serial
 def test_each_request_bound_answers_4xx_at_once(server, path, body, words):
     """Stops one request from holding the server: 200 prompts x n=64 took 98 s of CPU, 8 MB to
     /tokenize grew the server by 560 MiB, and seed=2**80 ran 17 s into an HTTP 500."""

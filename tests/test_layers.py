@@ -1,6 +1,6 @@
-"""Imports point down only: cli -> evaluation, tinker -> trainers -> collector -> agents ->
-envs -> the leaves (sandboxes, inference, tasks, data) -> the core (types, config, errors,
-atomic, plugins, stopping)."""
+"""Imports point down only: cli -> jobs -> evaluation, tinker, distributed -> trainers ->
+collector -> agents -> envs -> the leaves (sandboxes, inference, tasks, data) -> the core
+(types, config, errors, atomic, plugins, stopping)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ LAYER = {"types": 0, "config": 0, "errors": 0, "atomic": 0, "plugins": 0, "stopp
          "__init__": 0,
          "capture": 4, "data": 1, "tasks": 1, "inference": 2, "sandboxes": 2, "envs": 3,
          "agents": 4, "collector": 5, "trainers": 6, "evaluation": 7, "distributed": 7, "harbor": 7,
-         "tinker": 7, "cli": 8}
+         "tinker": 7, "jobs": 8, "cli": 9}
 """Rank of each top-level module or package: a module may import its own rank or lower."""
 
 
@@ -86,3 +86,15 @@ def test_task_sources_import_no_cycle():
     """The dispatcher (tasks/sources.py) imports the sources; a source imports only what sits
     below the dispatcher (tasks/base.py), never the dispatcher itself."""
     assert _in_a_cycle(_import_graph("skyrl_agent.tasks")) == []
+
+
+def test_trainers_see_the_collector_only_through_their_protocols():
+    """The loops get their groups from a GroupSource (trainers/workers.py); the collector and
+    model access are wired to them in jobs/ and distributed/."""
+    trainers = [p for p in (PACKAGE / "trainers").rglob("*.py")
+                if "collector" in _imported(ast.parse(p.read_text()))]
+    assert trainers == []
+
+
+def test_no_import_cycle_between_the_command_jobs():
+    assert _in_a_cycle(_import_graph("skyrl_agent.jobs")) == []

@@ -8,11 +8,11 @@ import asyncio
 
 import pytest
 
-from skyrl_agent.collector.run import Rollout
 from skyrl_agent.config import load_config
 from skyrl_agent.data.store import TrajectoryStore
+from skyrl_agent.jobs.rollout import Rollout
+from skyrl_agent.jobs.train import reference_run
 from skyrl_agent.trainers.batch import sft_data
-from skyrl_agent.trainers.reference_loop import reference_loop
 from skyrl_agent.trainers.torch_backend import TorchBackend
 from tests.tiny_models import char_model_dir
 
@@ -28,7 +28,7 @@ def test_rl_learns_a_toy_task_with_a_random_model(tmp_path, work_root):
         "agent.name=answer", "tasks.source=toy", f"inference.model={model}",
         "inference.max_tokens=8", "collector.n_samples_per_task=16",
         "trainer.learning_rate=3e-2", "trainer.max_steps=12", f"sandbox.work_root={work_root}"])
-    results = asyncio.run(reference_loop(config, tmp_path / "run"))
+    results = asyncio.run(reference_run(config, tmp_path / "run"))
     rewards = [r.reward_mean for r in results]
     assert rewards[0] <= 0.1, rewards
     assert max(rewards[-3:]) >= 0.9, rewards

@@ -14,9 +14,9 @@ import pytest
 from skyrl_agent.config import load_config
 from skyrl_agent.data.run_dir import RunDir
 from skyrl_agent.data.store import TrajectoryStore
+from skyrl_agent.jobs.train import TrainJob
 from skyrl_agent.trainers.checkpoints import Checkpoints
 from skyrl_agent.trainers.metrics import read_metrics
-from skyrl_agent.trainers.train import TrainJob
 from tests.test_cli import assert_one_line_error, run
 from tests.tiny_models import char_model_dir
 

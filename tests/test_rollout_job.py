@@ -86,6 +86,7 @@ def test_rollout_takes_sandboxes_from_the_warm_pool(tmp_path):
     assert all(t.reward.value == 1.0 for t in TrajectoryStore(tmp_path / "run").load().trajectories)
 
 
+@pytest.mark.serial
 def test_a_killed_model_server_stops_the_run_in_seconds_and_it_resumes(tmp_path, smollm2_dir):
     run_dir = tmp_path / "run"
     command = [*CLI, "rollout", "--agent", "terminus", "--tasks", "demo", "--n", "2", "-j", "1",

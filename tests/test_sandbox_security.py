@@ -97,6 +97,7 @@ async def test_host_secrets_and_environment_are_invisible(spec, sandbox_config, 
     assert secret not in env.stdout and "SKYRL_TEST_API_KEY" not in env.stdout
 
 
+@pytest.mark.serial
 async def test_fork_bomb_is_contained_and_cleaned_up(spec, sandbox_config):
     marker = f"bomb{uuid.uuid4().hex[:8]}"
     bomb = f"{marker}() {{ {marker} | {marker} & }}; {marker}"
@@ -111,6 +112,7 @@ async def test_fork_bomb_is_contained_and_cleaned_up(spec, sandbox_config):
     assert await _wait_gone(marker) == []
 
 
+@pytest.mark.serial
 async def test_memory_hog_is_stopped_at_its_limit(spec, sandbox_config):
     hog = "python3 -c \"b = bytearray(1024 * 1024 * 1024); print('allocated', len(b))\""
     async with create_sandbox(spec, sandbox_config) as sandbox:

@@ -25,6 +25,7 @@ tinker = pytest.importorskip("tinker")
 types = tinker.types
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_checkpoints_and_sampling_sessions_survive_a_kill_and_the_sdk_rides_the_outage(
         tmp_path):

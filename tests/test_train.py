@@ -14,11 +14,10 @@ import pytest
 
 from skyrl_agent.config import load_config
 from skyrl_agent.data.store import TrajectoryStore
+from skyrl_agent.jobs.train import TrainJob, reference_run
 from skyrl_agent.trainers.checkpoints import Checkpoints
 from skyrl_agent.trainers.loop import oldest_version
 from skyrl_agent.trainers.metrics import read_metrics
-from skyrl_agent.trainers.reference_loop import reference_loop
-from skyrl_agent.trainers.train import TrainJob
 from skyrl_agent.types import TrajectoryGroup
 from tests.test_cli import CLI, assert_one_line_error, run
 from tests.tiny_models import char_model_dir
@@ -40,7 +39,7 @@ def settings(model, work_root, *extra: str):
 
 def test_max_staleness_0_is_the_reference_loop(model, work_root, tmp_path):
     config = settings(model, work_root, "trainer.max_steps=3", "trainer.max_staleness=0")
-    reference = asyncio.run(reference_loop(config, tmp_path / "reference"))
+    reference = asyncio.run(reference_run(config, tmp_path / "reference"))
     job = TrainJob(config, tmp_path / "async")
     trained = asyncio.run(job.run())
     assert [r.step for r in trained] == [0, 1, 2]

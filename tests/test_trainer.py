@@ -19,7 +19,7 @@ from skyrl_agent.inference.client import InferenceClient, Sampling
 from skyrl_agent.inference.process import embedded_server
 from skyrl_agent.trainers.batch import groups_to_batch, trajectory_data
 from skyrl_agent.trainers.checkpoints import Checkpoints, LoopState
-from skyrl_agent.trainers.reference_loop import train_on
+from skyrl_agent.trainers.step import train_on
 from skyrl_agent.trainers.torch_backend import TorchBackend
 from skyrl_agent.trainers.torch_model import LoraSettings
 from skyrl_agent.types import FinishReason, Reward, Segment, Trajectory, TrajectoryGroup, Turn

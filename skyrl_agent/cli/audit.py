@@ -29,18 +29,12 @@ def tasks_audit(
     """Run every built-in adversary (forged reward files, lurking rewriters, planted tests,
     Python start-up hooks, import-time forgers, git hooks, solution hunting, ...) on each task
     and report the tasks where one scores more than doing nothing. Exits 1 if any can be gamed."""
-    from skyrl_agent.collector.audit import audit_tasks, chosen_attacks
     from skyrl_agent.config import load_config, with_values
-    from skyrl_agent.sandboxes.base import sandbox_backend
-    from skyrl_agent.sandboxes.reaper import reap_leftovers
-    from skyrl_agent.tasks import resolve_tasks
+    from skyrl_agent.jobs.check import AuditJob
 
     setup_logging()
     settings = with_values(load_config(config, overrides), {"sandbox.backend": sandbox})
-    sandbox_backend(settings.sandbox.backend)
-    names = chosen_attacks(attack)
-    tasks = resolve_tasks(ref, settings.tasks.include, settings.tasks.limit)
-    reap_leftovers(settings.sandbox)
+    job = AuditJob(settings, ref, attack, jobs)
     gamed = 0
 
     def status(result: Any) -> str:
@@ -49,12 +43,10 @@ def tasks_audit(
         return f"gameable {gamed}"
 
     results = run_with_progress(
-        lambda on_result: audit_tasks(tasks, settings.sandbox, settings.verifier, jobs, names,
-                                      on_result),
-        total=len(tasks), label="auditing", status=status, show=not as_json,
+        job.run, total=len(job.tasks), label="auditing", status=status, show=not as_json,
         on_result=(lambda r: print(json.dumps(r.to_json()), flush=True)) if as_json else None)
     if not as_json:
-        _print_table(results, names)
+        _print_table(results, job.attacks)
     if any(r.gameable_by for r in results):
         raise typer.Exit(1)
 

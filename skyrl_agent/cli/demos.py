@@ -18,7 +18,7 @@ from skyrl_agent.cli.common import (
 )
 
 if TYPE_CHECKING:
-    from skyrl_agent.collector.demos import DemoOutcome
+    from skyrl_agent.jobs.demos import DemoOutcome
 
 
 def demos(
@@ -53,7 +53,7 @@ def demos(
     if from_run is not None:
         _rejection_sampling(from_run, output, min_reward)
         return
-    from skyrl_agent.collector.demos import DemoJob
+    from skyrl_agent.jobs.demos import DemoJob
 
     options = {"agent.name": agent, "tasks.source": tasks, "output_dir": output,
                "sandbox.backend": sandbox, "collector.max_concurrent_sandboxes": jobs}
@@ -76,7 +76,7 @@ def demos(
 
 
 def _rejection_sampling(source: Path, output: Path, min_reward: float) -> None:
-    from skyrl_agent.collector.demos import keep_rewarded
+    from skyrl_agent.jobs.demos import keep_rewarded
 
     result = keep_rewarded(source, output, min_reward)
     dropped = ", ".join(f"{n} {why}" for why, n in sorted(result.reasons.items()))

@@ -22,7 +22,7 @@ from skyrl_agent.cli.common import (
 
 if TYPE_CHECKING:
     from skyrl_agent.config import RunConfig
-    from skyrl_agent.evaluation.recipe import Layout, RecipeSettings, Score
+    from skyrl_agent.jobs.recipe import Layout, RecipeSettings, Score
 
 DEFAULTS = {"inference.max_tokens": 128, "agent.max_turns": 3, "agent.timeout_s": 600}
 """Budgets a demonstration fits (one reply of commands, one to confirm, one spare) and a
@@ -53,7 +53,7 @@ def recipe(
     writes OUTPUT/summary.json. The training stages run in child processes, so the memory a
     trainer keeps is returned before the next stage."""
     from skyrl_agent.config import load_config
-    from skyrl_agent.evaluation.recipe import MODELS, Layout, RecipeSettings
+    from skyrl_agent.jobs.recipe import MODELS, Layout, RecipeSettings
 
     setup_logging()
     settings = RecipeSettings(families, train_seeds, heldout_seeds, sft_epochs, 8, sft_lr,
@@ -77,7 +77,7 @@ def recipe(
 
 
 def _demos(base: RunConfig, settings: RecipeSettings, layout: Layout) -> None:
-    from skyrl_agent.evaluation.recipe import demos_job
+    from skyrl_agent.jobs.recipe import demos_job
 
     job = demos_job(base, settings.train_source, layout.demos)
     try:
@@ -89,7 +89,7 @@ def _demos(base: RunConfig, settings: RecipeSettings, layout: Layout) -> None:
 
 
 def _sft(base: RunConfig, settings: RecipeSettings, layout: Layout) -> None:
-    from skyrl_agent.evaluation.recipe import model_done, sft_stage
+    from skyrl_agent.jobs.recipe import model_done, sft_stage
     from skyrl_agent.stopping import in_child
 
     if model_done(layout.sft_model):
@@ -103,7 +103,7 @@ def _sft(base: RunConfig, settings: RecipeSettings, layout: Layout) -> None:
 
 
 def _train(base: RunConfig, settings: RecipeSettings, layout: Layout) -> None:
-    from skyrl_agent.evaluation.recipe import model_done, rl_done, rl_stage
+    from skyrl_agent.jobs.recipe import model_done, rl_done, rl_stage
     from skyrl_agent.stopping import in_child
 
     if rl_done(layout.train, settings) and model_done(layout.rl_model):
@@ -120,7 +120,7 @@ STAGES = {"demos": _demos, "sft": _sft, "train": _train}
 
 
 def _evaluate(base: RunConfig, settings: RecipeSettings, layout: Layout, model: str) -> Score:
-    from skyrl_agent.evaluation.recipe import eval_job, score
+    from skyrl_agent.jobs.recipe import eval_job, score
 
     job = eval_job(base, settings, layout.model(model, base.inference.model), layout.eval(model))
     try:

@@ -16,7 +16,7 @@ from skyrl_agent.cli.common import (
 )
 
 if TYPE_CHECKING:
-    from skyrl_agent.collector.run import RolloutResult
+    from skyrl_agent.jobs.rollout import RolloutResult
     from skyrl_agent.types import Trajectory
 
 
@@ -42,8 +42,8 @@ def rollout(
     by where the model runs: on the embedded CPU server 6 turns of at most 128 tokens in a
     2,048-token context; on an --endpoint 50 turns of 1,024 tokens in 8,192 (agent.max_turns,
     inference.max_tokens, agent.max_context_tokens)."""
-    from skyrl_agent.collector.run import Rollout
     from skyrl_agent.config import load_config
+    from skyrl_agent.jobs.rollout import Rollout
 
     options = {"agent.name": agent, "tasks.source": tasks, "inference.endpoint": endpoint,
                "sandbox.backend": sandbox, "collector.max_concurrent_sandboxes": jobs,

@@ -124,18 +124,12 @@ def tasks_check(
     overrides: SetOption = None,
 ) -> None:
     """Run oracle or nop on tasks in sandboxes and report each task's reward."""
-    from skyrl_agent.collector.check import check_tasks
     from skyrl_agent.config import load_config, with_values
-    from skyrl_agent.sandboxes.base import preflight, sandbox_backend
-    from skyrl_agent.sandboxes.reaper import reap_leftovers
-    from skyrl_agent.tasks import resolve_tasks
+    from skyrl_agent.jobs.check import CheckJob
 
     setup_logging()
     settings = with_values(load_config(config, overrides), {"sandbox.backend": sandbox})
-    sandbox_backend(settings.sandbox.backend)  # unknown backend: one line, before any work
-    tasks = resolve_tasks(ref, settings.tasks.include, settings.tasks.limit)
-    preflight(tasks, settings.sandbox)
-    reap_leftovers(settings.sandbox)
+    job = CheckJob(settings, ref, agent, jobs)
     rewards: list[float] = []
     errors = 0
 
@@ -146,9 +140,7 @@ def tasks_check(
         return f"reward {sum(rewards) / len(rewards):.2f} · errors {errors}"
 
     results = run_with_progress(
-        lambda on_result: check_tasks(tasks, agent, settings.sandbox, jobs=jobs,
-                                      verifier=settings.verifier, on_result=on_result),
-        total=len(tasks), label="checking", status=status, show=not as_json,
+        job.run, total=len(job.tasks), label="checking", status=status, show=not as_json,
         on_result=(lambda r: print(json.dumps(r.to_json()), flush=True)) if as_json else None)
     if not as_json:
         _print_check_table(results)

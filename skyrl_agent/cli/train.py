@@ -17,7 +17,7 @@ from skyrl_agent.cli.common import (
 )
 
 if TYPE_CHECKING:
-    from skyrl_agent.trainers.reference_loop import StepResult
+    from skyrl_agent.trainers.step import StepResult
 
 SHOWN = ("loss", "grad_norm", "agreement/max_abs_diff", "staleness_max", "dropped_stale",
          "trainer_idle")
@@ -55,7 +55,7 @@ def train(
     from skyrl_agent.config import config_from, load_config
     from skyrl_agent.data.run_dir import RunDir
     from skyrl_agent.errors import UserError
-    from skyrl_agent.trainers.train import TrainJob
+    from skyrl_agent.jobs.train import TrainJob
 
     setup_logging()
     if output is None:

@@ -4,48 +4,29 @@ For each task the agent's own reply format is filled with the solution's command
 (`Agent.demonstration`), a scripted teacher (agents/teacher.py) serves those replies to a real
 LLMSession, and the real agent runs them in a sandbox; the episode is verified as usual. Only
 demonstrations that score 1 with consistent token arrays are kept, in a run dir `sft --data`
-reads. `keep_rewarded` is rejection sampling: the rewarded samples of any stored run, copied
-into a new run dir.
+reads (the job: jobs/demos.py).
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import shutil
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from skyrl_agent.agents.base import Agent, agent_class
 from skyrl_agent.agents.session import LLMSession
 from skyrl_agent.agents.teacher import Teacher
+from skyrl_agent.collector.model import session_config
 from skyrl_agent.collector.rollout import make_agent, run_rollout
-from skyrl_agent.collector.run import record_of, session_config
 from skyrl_agent.config import RunConfig
-from skyrl_agent.data.run_dir import RunDir
-from skyrl_agent.data.store import TrajectoryStore
 from skyrl_agent.envs.episode import SandboxSource, fresh_sandboxes
-from skyrl_agent.errors import TaskError, UserError
-from skyrl_agent.sandboxes.pool import SandboxPool
 from skyrl_agent.tasks.model import TaskSpec
 from skyrl_agent.tasks.solution import solution_commands, solution_plan
 from skyrl_agent.types import Trajectory
 
 DEMO_SAMPLE = 0
 """The sample index of a task's demonstration (one per task)."""
-
-
-@dataclass(frozen=True)
-class DemoOutcome:
-    """What became of one task's demonstration."""
-
-    task: str
-    kept: bool
-    reward: float
-    reason: str | None = None
-    """Why it was dropped (None when kept)."""
 
 
 def token_problem(trajectory: Trajectory) -> str | None:
@@ -114,115 +95,3 @@ def load_tokenizer(config: RunConfig) -> Any:
 
     from skyrl_agent.inference.models import resolve_model
     return AutoTokenizer.from_pretrained(resolve_model(config.inference.model))
-
-
-class DemoJob:
-    """Demonstrations of an agent on tasks into a run dir; validated at construction, resumable
-    (tasks whose demonstration is stored are skipped)."""
-
-    def __init__(self, settings: RunConfig, output: Path) -> None:
-        from skyrl_agent.sandboxes.base import sandbox_backend
-        from skyrl_agent.sandboxes.reaper import reap_leftovers
-        from skyrl_agent.tasks import resolve_tasks
-
-        self.settings = settings
-        self.agent_cls = agent_class(settings.agent.name)
-        make_agent(self.agent_cls, settings)  # a broken constructor fails before any work
-        try:
-            self.agent_cls.demonstration(["true"], "probe")
-        except NotImplementedError as exc:
-            raise UserError(f"{exc} (demonstrations exist for terminus and openhands)") from None
-        sandbox_backend(settings.sandbox.backend)
-        tasks = resolve_tasks(settings.tasks.source, settings.tasks.include, settings.tasks.limit)
-        self.run_dir = RunDir(output)
-        self.run_dir.prepare(record_of(settings, 1))
-        self.store = TrajectoryStore(output, writable=True)
-        reap_leftovers(settings.sandbox)
-        done = self.store.keys()
-        self.pending = [t for t in tasks if (t.name, DEMO_SAMPLE) not in done]
-        """The tasks whose demonstration is still to record."""
-
-    async def run(self, on_done: Callable[[DemoOutcome], Any] = lambda o: None,
-                  ) -> list[DemoOutcome]:
-        config = self.settings
-        tokenizer = await asyncio.to_thread(load_tokenizer, config)
-        pool = SandboxPool(config.sandbox, size=config.sandbox.warm_pool,
-                           start_timeout_s=config.collector.sandbox_start_timeout_s)
-        limit = asyncio.Semaphore(config.collector.max_concurrent_sandboxes)
-
-        async def one(task: TaskSpec) -> DemoOutcome:
-            outcome = await self._demonstrate(task, tokenizer, pool, limit)
-            on_done(outcome)
-            return outcome
-
-        try:
-            outcomes = list(await asyncio.gather(*(one(t) for t in self.pending)))
-        finally:
-            await asyncio.shield(pool.close())
-        await asyncio.to_thread(self.store.compact)
-        return outcomes
-
-    async def _demonstrate(self, task: TaskSpec, tokenizer: Any, pool: SandboxPool,
-                           limit: asyncio.Semaphore) -> DemoOutcome:
-        try:
-            replies = demo_replies(self.agent_cls, task)
-        except (TaskError, NotImplementedError) as exc:
-            return DemoOutcome(task.name, False, 0.0, str(exc))
-        state = self.run_dir.state_path(task.name, DEMO_SAMPLE)
-        async with limit:
-            trajectory = await act_out(task, self.agent_cls, self.settings, tokenizer, replies,
-                                       pool, keep_state=state)
-        why = rejection(trajectory)
-        if why is None:
-            await asyncio.to_thread(self.store.append, [trajectory])
-        else:
-            state.unlink(missing_ok=True)  # a final state only for stored samples
-        return DemoOutcome(task.name, why is None, trajectory.reward.value, why)
-
-    def close(self) -> None:
-        self.store.close()
-
-
-@dataclass(frozen=True)
-class KeptRun:
-    """What rejection sampling kept of a stored run."""
-
-    kept: int
-    total: int
-    reasons: dict[str, int]
-    """How many were dropped, by reason (reward values are grouped)."""
-
-
-def keep_rewarded(source: Path, output: Path, min_reward: float = 1.0) -> KeptRun:
-    """Copy the unmasked trajectories of `source` that reached `min_reward` (and pass the token
-    checks) into the run dir `output`, final states included: rejection sampling."""
-    if source.resolve() == output.resolve():
-        raise UserError("--from and --output must be different run dirs")
-    record = RunDir(source).record()
-    if record is None:
-        raise UserError(f"{source} has no readable config.json (not a run dir)")
-    contents = TrajectoryStore(source).load()
-    reasons: dict[str, int] = {}
-    kept = []
-    for trajectory in contents.trajectories:
-        why = rejection(trajectory, min_reward)
-        if why is None:
-            kept.append(trajectory)
-        else:
-            key = "reward below the minimum" if why.startswith("reward ") else why
-            reasons[key] = reasons.get(key, 0) + 1
-    out = RunDir(output)
-    out.prepare(record)
-    store = TrajectoryStore(output, writable=True)
-    try:
-        store.append(kept)
-        for t in kept:
-            state = RunDir(source).state_path(t.task_id, t.sample_index)
-            if state.is_file():
-                out.state_path(t.task_id, t.sample_index).parent.mkdir(parents=True,
-                                                                       exist_ok=True)
-                shutil.copyfile(state, out.state_path(t.task_id, t.sample_index))
-        store.compact()
-    finally:
-        store.close()
-    return KeptRun(len(kept), len(contents.trajectories), reasons)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from skyrl_agent.agents.base import Agent
 from skyrl_agent.agents.session import SessionConfig
 from skyrl_agent.collector.collector import Collector
-from skyrl_agent.collector.run import session_factory
+from skyrl_agent.collector.model import session_factory
 from skyrl_agent.config import RunConfig
 from skyrl_agent.data.store import StoreContents, TrajectoryStore
 from skyrl_agent.inference.client import Completion, InferenceClient, Sampling

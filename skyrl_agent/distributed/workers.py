@@ -21,7 +21,7 @@ from ray.exceptions import RayActorError, RayError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from skyrl_agent.agents.base import Agent
-from skyrl_agent.collector.run import session_config, watched
+from skyrl_agent.collector.model import session_config, watched
 from skyrl_agent.config import RunConfig
 from skyrl_agent.data.run_dir import RunDir
 from skyrl_agent.distributed.actors import (

@@ -26,8 +26,8 @@ from harbor.models.agent.rollout_detail import RolloutDetail
 from skyrl_agent import __version__
 from skyrl_agent.agents.base import agent_class
 from skyrl_agent.agents.session import LLMSession
+from skyrl_agent.collector.model import session_config
 from skyrl_agent.collector.rollout import make_agent
-from skyrl_agent.collector.run import session_config
 from skyrl_agent.config import RunConfig, load_config
 from skyrl_agent.envs.env import Env
 from skyrl_agent.inference.client import InferenceClient

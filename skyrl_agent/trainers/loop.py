@@ -27,7 +27,7 @@ from skyrl_agent.config import RunConfig
 from skyrl_agent.errors import RunStopped
 from skyrl_agent.trainers.backend import TrainerBackend
 from skyrl_agent.trainers.checkpoints import LoopState
-from skyrl_agent.trainers.reference_loop import StepResult, publish, reward_mean, train_on
+from skyrl_agent.trainers.step import StepResult, publish, reward_mean, train_on
 from skyrl_agent.trainers.stream import GroupSlot, TaskStream
 from skyrl_agent.trainers.workers import GroupSource, ServerControl
 from skyrl_agent.types import TrajectoryGroup

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from skyrl_agent.data.run_dir import RunDir
 
 if TYPE_CHECKING:  # readers of metrics.jsonl (eval) should not pay for torch
-    from skyrl_agent.trainers.reference_loop import StepResult
+    from skyrl_agent.trainers.step import StepResult
 
 
 class MetricsLog:

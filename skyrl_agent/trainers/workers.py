@@ -1,28 +1,21 @@
-"""Where a training run's parts work: in this process (the default), or as Ray actors
-(`skyrl_agent.distributed`). The loop sees the same four things either way: a trainer backend,
-a source of trajectory groups, the inference servers' controls, and a supervisor that stops the
-run when a part it depends on dies.
+"""Where a training run's parts work: in this process (jobs/placement.py, the default), or as
+Ray actors (`skyrl_agent.distributed`). The loop sees the same four things either way: a trainer
+backend, a source of trajectory groups, the inference servers' controls, and a supervisor that
+stops the run when a part it depends on dies.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import functools
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from skyrl_agent.agents.base import Agent
-from skyrl_agent.collector.collector import Collector
-from skyrl_agent.collector.run import model_sessions, supervised
 from skyrl_agent.config import RunConfig
-from skyrl_agent.data.store import TrajectoryStore
 from skyrl_agent.tasks.model import TaskSpec
 from skyrl_agent.trainers.backend import TrainerBackend
-from skyrl_agent.trainers.settings import make_backend
 from skyrl_agent.types import TrajectoryGroup
 
 
@@ -62,22 +55,3 @@ class Workers:
 
 Placement = Callable[[RunConfig, Path, type[Agent]], AbstractAsyncContextManager[Workers]]
 """Starts a run's parts for (config, run dir, agent class) and stops them on exit."""
-
-
-@contextlib.asynccontextmanager
-async def local_workers(config: RunConfig, run_dir: Path, agent_cls: type[Agent],
-                        ) -> AsyncIterator[Workers]:
-    """Every part in this process, the embedded servers as its subprocesses."""
-    store = TrajectoryStore(run_dir, writable=True)
-    backend = await asyncio.to_thread(make_backend, config)
-    try:
-        async with model_sessions(config, run_dir) as model:
-            collector = Collector(config, agent_cls, store, model.sessions)
-            try:
-                yield Workers(backend, collector, model.client,
-                              functools.partial(supervised, servers=model.servers))
-            finally:
-                await collector.close()
-    finally:
-        backend.close()
-        store.close()

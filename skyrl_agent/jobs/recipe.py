@@ -20,16 +20,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from skyrl_agent.atomic import atomic_folder
-from skyrl_agent.collector.demos import DemoJob
-from skyrl_agent.collector.run import Rollout
 from skyrl_agent.config import RunConfig, with_values
 from skyrl_agent.data.store import TrajectoryStore
+from skyrl_agent.jobs.demos import DemoJob
+from skyrl_agent.jobs.rollout import Rollout
+from skyrl_agent.jobs.train import TrainJob, export_latest
 from skyrl_agent.stopping import run_until_stopped
 from skyrl_agent.tasks.generated import parse_ref
 from skyrl_agent.trainers.checkpoints import Checkpoints
 from skyrl_agent.trainers.metrics import read_metrics
 from skyrl_agent.trainers.sft import SftPlan, plan_sft, run_sft
-from skyrl_agent.trainers.train import TrainJob, export_latest
 
 MODELS = ("base", "sft", "rl")
 """The models a recipe evaluates, in order."""

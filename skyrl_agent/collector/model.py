@@ -1,8 +1,5 @@
-"""A rollout job: tasks x n samples against a model server, stored in a run directory.
-
-The model server is the embedded one, started and supervised here, unless an endpoint is given.
-Trajectories go to the run's TrajectoryStore as each finishes; the same job on the same run
-directory resumes it, skipping the samples already stored.
+"""Model access for agents: LLM sessions over the configured endpoint or over embedded servers
+started (and stopped) here, and the supervision that stops a run when a server it needs dies.
 """
 
 from __future__ import annotations
@@ -10,34 +7,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from skyrl_agent.agents.base import Agent, agent_class
+from skyrl_agent.agents.base import Agent
 from skyrl_agent.agents.session import LLMSession, SessionConfig
-from skyrl_agent.collector.collector import Collector, missing_samples
-from skyrl_agent.collector.rollout import SessionFactory, make_agent
+from skyrl_agent.collector.rollout import SessionFactory
 from skyrl_agent.config import RunConfig
-from skyrl_agent.data.run_dir import RunDir, RunRecord
-from skyrl_agent.data.store import TrajectoryStore
+from skyrl_agent.data.run_dir import RunDir
 from skyrl_agent.errors import RunStopped
 from skyrl_agent.inference.auth import endpoint_key, save_server_keys
 from skyrl_agent.inference.client import InferenceClient
 from skyrl_agent.inference.process import ServerProcess
-from skyrl_agent.tasks.model import TaskSpec
-from skyrl_agent.types import Trajectory
 
 log = logging.getLogger(__name__)
 SERVER_POLL_S = 0.25
 """How often a supervised server is checked: its death stops the run within this."""
-PLACEMENT: dict[str, Any] = {"collector": True, "output_dir": True, "ray": True,
-                             "inference": {"num_servers"}}
-"""Settings that say where and how concurrently a run's parts work, not what they sample or
-train: a run dir does not pin them."""
 
 
 @dataclass
@@ -50,13 +38,6 @@ class ModelAccess:
     client: InferenceClient
     servers: list[ServerProcess]
     """The embedded servers started here (none when the endpoint runs elsewhere)."""
-
-
-def record_of(settings: RunConfig, n: int) -> RunRecord:
-    """What a run dir pins: what is sampled. Concurrency, where the run dir lives and how a
-    trainer would use the samples may change between a run and its resumption."""
-    config = json.loads(settings.model_dump_json(exclude=PLACEMENT | {"trainer": True}))
-    return RunRecord(n=n, config=config)
 
 
 def session_config(config: RunConfig, served_max_len: int | None) -> SessionConfig:
@@ -158,56 +139,3 @@ async def supervised[T](work: Coroutine[Any, Any, T], servers: Sequence[ServerPr
                         f"{server.log_path})")
         return None
     return await watched(work, stopped)
-
-
-@dataclass(frozen=True)
-class RolloutResult:
-    trajectories: list[Trajectory]
-    """Every trajectory of the run, stored before or now, in task order."""
-    pool_hits: int
-    """Samples that got a warm sandbox from the pool."""
-    pool_misses: int
-    """Samples that had to start one."""
-
-
-class Rollout:
-    """One rollout job: validated before any work (one-line errors), the store held for writing
-    from construction until close()."""
-
-    def __init__(self, settings: RunConfig, n: int, output: Path) -> None:
-        from skyrl_agent.sandboxes.base import preflight, sandbox_backend
-        from skyrl_agent.sandboxes.reaper import reap_leftovers
-        from skyrl_agent.tasks import resolve_tasks
-
-        self.settings = settings
-        self.n = n
-        self.run_dir = RunDir(output)
-        self.agent_cls = agent_class(settings.agent.name)
-        make_agent(self.agent_cls, settings)  # a broken constructor fails before any work
-        sandbox_backend(settings.sandbox.backend)
-        self.tasks: list[TaskSpec] = resolve_tasks(
-            settings.tasks.source, settings.tasks.include, settings.tasks.limit)
-        preflight(self.tasks, settings.sandbox)
-        self.run_dir.prepare(record_of(settings, n))
-        self.store = TrajectoryStore(output, writable=True)
-        reap_leftovers(settings.sandbox)
-        self.pending = missing_samples(self.store, self.tasks, n)
-        """The (task, sample) pairs still to run."""
-
-    async def run(self, on_done: Callable[[Trajectory], Any]) -> RolloutResult:
-        """Run every pending sample; finished trajectories are stored before `on_done` sees them."""
-        async with contextlib.AsyncExitStack() as stack:
-            model = None
-            if self.pending and self.agent_cls.needs_model:  # a finished run needs no server
-                model = await stack.enter_async_context(
-                    model_sessions(self.settings, self.run_dir.path))
-            collector = Collector(self.settings, self.agent_cls, self.store,
-                                  model.sessions if model else None, on_done)
-            groups = await supervised(collector.run(self.tasks, self.n),
-                                      model.servers if model else [])
-        await asyncio.to_thread(self.store.compact)  # one file for readers, not one per sample
-        return RolloutResult([t for group in groups for t in group.trajectories],
-                             collector.sandboxes.hits, collector.sandboxes.misses)
-
-    def close(self) -> None:
-        self.store.close()

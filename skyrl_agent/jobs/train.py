@@ -10,27 +10,25 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from skyrl_agent.agents.base import agent_class
-from skyrl_agent.collector.rollout import make_agent
-from skyrl_agent.collector.run import PLACEMENT
 from skyrl_agent.config import RunConfig
 from skyrl_agent.data.run_dir import RunDir, RunRecord
 from skyrl_agent.errors import UserError
-from skyrl_agent.tasks.families import refuse_heldout
+from skyrl_agent.jobs.placement import local_workers
+from skyrl_agent.jobs.prepare import REFERENCE, TRAIN, prepare_run, record_of, train_record
 from skyrl_agent.tasks.model import TaskSpec
 from skyrl_agent.trainers.checkpoints import Checkpoints, LoopState
 from skyrl_agent.trainers.loop import AsyncLoop
 from skyrl_agent.trainers.metrics import MetricsLog
-from skyrl_agent.trainers.reference_loop import StepResult, publish
+from skyrl_agent.trainers.reference_loop import reference_loop
 from skyrl_agent.trainers.settings import check_trainable, make_backend
+from skyrl_agent.trainers.step import StepResult, publish
 from skyrl_agent.trainers.stream import TaskStream
-from skyrl_agent.trainers.workers import Placement, Workers, local_workers
+from skyrl_agent.trainers.workers import Placement, Workers
 
 log = logging.getLogger(__name__)
 
@@ -38,12 +36,6 @@ log = logging.getLogger(__name__)
 RESUMABLE_CHANGES = {"max_steps", "checkpoint_every", "wandb_project"}
 """Trainer settings a resumed run may change: how long it goes on, how often it saves, where
 else it reports."""
-
-
-def train_record(config: RunConfig) -> RunRecord:
-    """What a training run records: everything but where and how concurrently it runs."""
-    settings = json.loads(config.model_dump_json(exclude=PLACEMENT))
-    return RunRecord(n=config.collector.n_samples_per_task, config=settings)
 
 
 def _pinned(record: RunRecord) -> RunRecord:
@@ -58,25 +50,16 @@ class TrainJob:
     def __init__(self, config: RunConfig, output: Path, resume: bool = False,
                  placement: Placement | None = None) -> None:
         from skyrl_agent.inference.models import resolve_model
-        from skyrl_agent.sandboxes.base import preflight, sandbox_backend
-        from skyrl_agent.tasks import resolve_tasks
 
         check_trainable(config)
-        self.config = config
-        self.run_dir = RunDir(output)
-        self.agent_cls = agent_class(config.agent.name)
-        make_agent(self.agent_cls, config)  # a broken constructor fails before any work
-        if not self.agent_cls.needs_model:
-            raise UserError(f"agent {config.agent.name!r} never calls the model: nothing to "
-                            "train (choose terminus, openhands or answer)")
-        sandbox_backend(config.sandbox.backend)
         if config.trainer.wandb_project and importlib.util.find_spec("wandb") is None:
             raise UserError("trainer.wandb_project needs W&B: pip install 'skyrl-agent[wandb]'")
         self.model_folder = resolve_model(config.inference.model)
-        self.tasks: list[TaskSpec] = resolve_tasks(
-            config.tasks.source, config.tasks.include, config.tasks.limit)
-        refuse_heldout((t.name for t in self.tasks), f"--tasks {config.tasks.source}")
-        preflight(self.tasks, config.sandbox)
+        prepared = prepare_run(config, TRAIN, output)
+        self.config = config
+        self.run_dir = RunDir(output)
+        self.agent_cls = prepared.agent
+        self.tasks: list[TaskSpec] = list(prepared.tasks)
         self.checkpoints = Checkpoints(output)
         self.resume = resume
         self.placement: Placement = placement or local_workers
@@ -135,9 +118,6 @@ class TrainJob:
                   ) -> list[StepResult]:
         """Train to trainer.max_steps (or on from the last checkpoint when resuming). The run
         dir is written only once every part has started."""
-        from skyrl_agent.sandboxes.reaper import reap_leftovers
-
-        await asyncio.to_thread(reap_leftovers, self.config.sandbox)  # a killed run's sandboxes
         self.run_dir.path.mkdir(parents=True, exist_ok=True)  # for the servers' logs
         async with self.placement(self.config, self.run_dir.path, self.agent_cls) as workers:
             await asyncio.to_thread(self._prepare)
@@ -173,6 +153,20 @@ class TrainJob:
                          stream, state, step_done, checkpoint)
         results: list[StepResult] = await workers.supervise(loop.run())
         return results
+
+
+
+async def reference_run(config: RunConfig, output: Path,
+                        on_step: Callable[[StepResult], Any] = lambda r: None,
+                        ) -> list[StepResult]:
+    """The reference loop in one sitting, every part in this process; its run dir pins what is
+    sampled, like a rollout's (`eval RUN_DIR` reads it)."""
+    check_trainable(config)
+    prepared = await asyncio.to_thread(
+        prepare_run, config, REFERENCE, output,
+        record_of(config, config.collector.n_samples_per_task))
+    async with local_workers(config, output, prepared.agent) as workers:
+        return await reference_loop(config, workers, prepared.tasks, on_step)
 
 
 def export_latest(config: RunConfig, run_dir: Path, target: Path) -> Path:

@@ -1,0 +1,37 @@
+"""The default placement of a training run: every part in this process, the embedded servers
+as its subprocesses (the Ray placement lives in skyrl_agent.distributed)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from skyrl_agent.agents.base import Agent
+from skyrl_agent.collector.collector import Collector
+from skyrl_agent.collector.model import model_sessions, supervised
+from skyrl_agent.config import RunConfig
+from skyrl_agent.data.store import TrajectoryStore
+from skyrl_agent.trainers.settings import make_backend
+from skyrl_agent.trainers.workers import Workers
+
+
+@contextlib.asynccontextmanager
+async def local_workers(config: RunConfig, run_dir: Path, agent_cls: type[Agent],
+                        ) -> AsyncIterator[Workers]:
+    """Every part in this process, the embedded servers as its subprocesses."""
+    store = TrajectoryStore(run_dir, writable=True)
+    backend = await asyncio.to_thread(make_backend, config)
+    try:
+        async with model_sessions(config, run_dir) as model:
+            collector = Collector(config, agent_cls, store, model.sessions)
+            try:
+                yield Workers(backend, collector, model.client,
+                              functools.partial(supervised, servers=model.servers))
+            finally:
+                await collector.close()
+    finally:
+        backend.close()
+        store.close()
