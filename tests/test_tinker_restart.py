@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 
+from skyrl_agent.inference.weight_files import PREFIX, shared_memory_dir
 from tests.test_tinker import datum, logprobs_of
 from tests.tinker_server import (  # noqa: F401 - autouse fixture
     _sdk_env,
@@ -51,6 +52,7 @@ def test_checkpoints_and_sampling_sessions_survive_a_kill_and_the_sdk_rides_the_
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait()
+    assert list(shared_memory_dir().glob(f"{PREFIX}{first.pid}-*"))  # what a kill leaves
 
     # Down for ~3 s while the client asks; the SDK retries connection errors with backoff.
     holder: dict[str, object] = {}
@@ -70,6 +72,8 @@ def test_checkpoints_and_sampling_sessions_survive_a_kill_and_the_sdk_rides_the_
 
         restored = service.create_training_client_from_state_with_optimizer(state).result()
         np.testing.assert_allclose(logprobs_of(restored, [seq])[0], trained, atol=1e-6)
+        # The killed server's trainer left its shared-memory weights; the new one removed them.
+        assert not list(shared_memory_dir().glob(f"{PREFIX}{first.pid}-*"))
         with pytest.raises(tinker.RequestFailedError, match="restarted"):
             client.forward_backward([datum(seq, weights=[1] * (len(seq) - 1))],
                                     "cross_entropy").result()

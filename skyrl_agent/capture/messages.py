@@ -10,6 +10,7 @@ extra keys a client library adds.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,8 +136,6 @@ class ChatMessage:
     def template_form(self, native_tools: bool) -> dict[str, Any]:
         """The dict handed to the chat template. A template that cannot show tool calls gets
         them as text in the function format the model is asked to write."""
-        from skyrl_agent.capture.tools import calls_as_text
-
         message: dict[str, Any] = {"role": self.role, "content": self.content}
         if self.tool_calls and native_tools:
             message["tool_calls"] = [
@@ -211,3 +210,22 @@ def parse_messages(raw: list[dict[str, Any]]) -> list[ChatMessage]:
             tool_call_id=str(tool_call_id) if tool_call_id is not None else None,
             name=name if isinstance(name, str) else None))
     return messages
+
+
+def calls_as_text(content: str, calls: Sequence[Call]) -> str:
+    """A reply with tool calls written out in the function format (what the model writes)."""
+    parts = [content] if content else []
+    for call in calls:
+        try:
+            arguments = json.loads(call.arguments)
+        except ValueError:
+            arguments = {}
+        params = "".join(f"<parameter={key}>{_plain(value)}</parameter>\n"
+                         for key, value in (arguments.items() if isinstance(arguments, dict)
+                                            else []))
+        parts.append(f"<function={call.name}>\n{params}</function>")
+    return "\n".join(parts)
+
+
+def _plain(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)

@@ -45,25 +45,6 @@ def describe(tools: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def calls_as_text(content: str, calls: Sequence[Call]) -> str:
-    """A reply with tool calls written out in the function format (what the model writes)."""
-    parts = [content] if content else []
-    for call in calls:
-        try:
-            arguments = json.loads(call.arguments)
-        except ValueError:
-            arguments = {}
-        params = "".join(f"<parameter={key}>{_plain(value)}</parameter>\n"
-                         for key, value in (arguments.items() if isinstance(arguments, dict)
-                                            else []))
-        parts.append(f"<function={call.name}>\n{params}</function>")
-    return "\n".join(parts)
-
-
-def _plain(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value)
-
-
 def split_reply(text: str, tools: Sequence[dict[str, Any]]) -> tuple[str, tuple[Call, ...]]:
     """A reply's text before its first tool call, and the calls (none when it has none or
     they do not parse: the agent then sees plain text, as from any model)."""

@@ -58,9 +58,13 @@ LABEL = "skyrl-agent.sandbox"
 _build_locks: dict[tuple[int, str], asyncio.Lock] = {}  # per event loop and tag
 STORAGE_POLL_S = 1.0
 T = TypeVar("T")
-# PID 1: ignores what it can, reaps orphans (bash waits on any child), ends at the deadline.
+# PID 1: ignores what it can, reaps orphans (bash waits on any child), ends at the deadline. It
+# forks its `sleep` once and waits for it, forking again only when that sleep is killed (by a
+# kill of the sandbox's processes, which frees the pids limit): a keeper that forked a `sleep`
+# every second died when a fork bomb held the limit past bash's fork retries (about 15 s), and
+# took the container, and the honest agent's reward, with it.
 KEEPER = ('trap "" HUP INT QUIT TERM USR1 USR2 PIPE; end=$((SECONDS + {seconds})); '
-          'while [ "$SECONDS" -lt "$end" ]; do sleep 1; done')
+          'while [ "$SECONDS" -lt "$end" ]; do sleep $((end - SECONDS)) & wait $!; done')
 # Where the host cannot see the container's cgroup (a remote or rootless engine), run as root in
 # the container: SIGKILL all but PID 1 and ourselves until nothing else is left but
 # the keeper's own `sleep` (one kill -1 round is atomic against fork, so no agent process can be

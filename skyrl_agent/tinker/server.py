@@ -16,11 +16,16 @@ from skyrl_agent.tinker.config import ServiceOptions
 async def serve(options: ServiceOptions, api_key: str, host: str = "127.0.0.1",
                 port: int = 8000) -> None:
     from skyrl_agent.inference.server.main import serve_until_stopped
+    from skyrl_agent.inference.weight_files import remove_orphans
     from skyrl_agent.tinker.app import TinkerApp
     from skyrl_agent.tinker.proto import public_pb
 
     public_pb()  # fail at start-up, with the extra's name, when the SDK is missing
     from skyrl_agent.tinker.service import TinkerService
+
+    # A server restarted after a kill frees the shared memory its predecessor's trainers held
+    # (otherwise held until some trainer here publishes weights).
+    remove_orphans()
 
     await serve_until_stopped(TinkerApp(TinkerService(options), api_key).app(), host, port)
 
