@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import subprocess
+import time
 import uuid
 
 import pytest
@@ -206,6 +208,40 @@ async def test_a_lingering_background_child_ends_at_the_timeout(spec, sandbox_co
         after = await sandbox.exec("echo next", timeout=10)
     assert lingering.stdout.startswith("started")
     assert after.stdout == "next\n"
+
+
+@pytest.mark.docker
+def test_the_docker_reaper_skips_a_container_removed_while_it_looks(monkeypatch):
+    """Two runs on one engine: a live run removes its container between the reaper's listing
+    and its look at it (seen with two test workers: `tasks check` ended in a traceback). The
+    reaper still removes the expired container and raises nothing."""
+    import docker
+    from docker.api.client import APIClient
+
+    from skyrl_agent.sandboxes.docker import LABEL, reap_expired_containers
+
+    client = docker.from_env()
+    labels = {LABEL: "1", f"{LABEL}.deadline": "1"}  # expired long ago: a killed run's
+    expired = client.containers.create("skyrl-agent/base:bookworm", ["true"], labels=labels)
+    live = client.containers.create("skyrl-agent/base:bookworm", ["true"], labels={
+        LABEL: "1", f"{LABEL}.deadline": str(time.time() + 3600)})
+    listing = APIClient.containers
+
+    def listed_then_stopped(self, *args, **kwargs):
+        found = listing(self, *args, **kwargs)
+        with contextlib.suppress(docker.errors.NotFound):
+            live.remove(force=True)  # its run stops it now
+        return found
+
+    monkeypatch.setattr(APIClient, "containers", listed_then_stopped)
+    try:
+        assert reap_expired_containers() >= 1
+        with pytest.raises(docker.errors.NotFound):
+            client.containers.get(expired.id)
+    finally:
+        for container in (expired, live):
+            with contextlib.suppress(docker.errors.NotFound):
+                container.remove(force=True)
 
 
 async def test_a_killed_runs_local_sandbox_is_reaped():

@@ -382,9 +382,11 @@ def reap_expired_containers() -> int:
     """Remove sandbox containers whose deadline has passed (left by a process that was killed)."""
     client = docker_client()
     removed = 0
-    for container in client.containers.list(all=True, filters={"label": LABEL}):
-        deadline = float(container.labels.get(f"{LABEL}.deadline", "inf"))
+    # The listing's own labels, not one inspect per container: another run's sandbox may be
+    # removed between the listing and its inspection.
+    for summary in client.api.containers(all=True, filters={"label": LABEL}):
+        deadline = float((summary.get("Labels") or {}).get(f"{LABEL}.deadline", "inf"))
         if deadline < time.time():
-            DockerSandbox._remove(container)
+            DockerSandbox._remove(client.containers.prepare_model(summary))
             removed += 1
     return removed
