@@ -77,7 +77,8 @@ def test_training_preparation_refuses_heldout_tasks_before_writing(tmp_path, wor
                          {"tasks.source": "gen:count:heldout:2", "agent.name": "answer"})
     with pytest.raises(UserError, match="held-out"):
         prepare_run(config, TRAIN, tmp_path / "run")
-    prepared = prepare_run(config, ROLLOUT, tmp_path / "eval")  # evaluation may use them
+    prepared = prepare_run(config, ROLLOUT, tmp_path / "eval",  # evaluation may use them
+                           preparation.record_of(config, 1))
     assert prepared.store is not None
     prepared.store.close()
     assert len(prepared.tasks) == 2 and (tmp_path / "eval" / "config.json").is_file()

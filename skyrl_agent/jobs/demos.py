@@ -47,7 +47,6 @@ class DemoOutcome:
     """Why it was dropped (None when kept)."""
 
 
-
 class DemoJob:
     """Demonstrations of an agent on tasks into a run dir; validated at construction, resumable
     (tasks whose demonstration is stored are skipped)."""

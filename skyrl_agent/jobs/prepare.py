@@ -74,14 +74,11 @@ COPY = Needs(agent=False, tasks=False, run_dir=True, store=True, sandboxes=False
 class Prepared:
     """A command's run, validated, its run dir ready: what every job starts from."""
 
-    config: RunConfig
     agent_cls: type[Agent] | None
     """The configured agent class (None when the command names its own agents)."""
     tasks: tuple[TaskSpec, ...]
     run_dir: RunDir | None
     """The run directory (None for commands that write none)."""
-    record: RunRecord | None
-    """What the run dir pins (written unless the job writes it later)."""
     store: TrajectoryStore | None
     """The run's store, open for writing; the job closes it."""
 
@@ -107,8 +104,8 @@ def train_record(config: RunConfig) -> RunRecord:
 
 def prepare_run(config: RunConfig, needs: Needs, output: Path | None = None,
                 record: RunRecord | None = None, tasks: str | None = None) -> Prepared:
-    """Every step `needs` names, in the module's order. `record` is what the run dir pins
-    (default: the rollout record of config's samples per task); `tasks` is a task source that
+    """Every step `needs` names, in the module's order. `record` is what the run dir in
+    `output` pins (record_of, train_record, or a stored run's); `tasks` is a task source that
     replaces config.tasks.source (`tasks check DIR`)."""
     from skyrl_agent.sandboxes.base import preflight, sandbox_backend
     from skyrl_agent.sandboxes.reaper import reap_leftovers
@@ -128,14 +125,13 @@ def prepare_run(config: RunConfig, needs: Needs, output: Path | None = None,
         preflight(specs, config.sandbox)
     run_dir = RunDir(output) if output is not None else None
     if needs.run_dir:
-        if run_dir is None:
-            raise ValueError("a run dir needs an output folder")
-        record = record or record_of(config, config.collector.n_samples_per_task)
+        if run_dir is None or record is None:
+            raise ValueError("a run dir needs an output folder and the record it pins")
         run_dir.prepare(record)
     store = TrajectoryStore(run_dir.path, writable=True) if needs.store and run_dir else None
     if needs.sandboxes:
         reap_leftovers(config.sandbox)
-    return Prepared(config, agent, tuple(specs), run_dir, record, store)
+    return Prepared(agent, tuple(specs), run_dir, store)
 
 
 def _agent(config: RunConfig, needs: Needs) -> type[Agent]:

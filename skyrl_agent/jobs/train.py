@@ -55,7 +55,7 @@ class TrainJob:
         if config.trainer.wandb_project and importlib.util.find_spec("wandb") is None:
             raise UserError("trainer.wandb_project needs W&B: pip install 'skyrl-agent[wandb]'")
         self.model_folder = resolve_model(config.inference.model)
-        prepared = prepare_run(config, TRAIN, output)
+        prepared = prepare_run(config, TRAIN)  # its run dir is checked and written below
         self.config = config
         self.run_dir = RunDir(output)
         self.agent_cls = prepared.agent
@@ -153,7 +153,6 @@ class TrainJob:
                          stream, state, step_done, checkpoint)
         results: list[StepResult] = await workers.supervise(loop.run())
         return results
-
 
 
 async def reference_run(config: RunConfig, output: Path,
