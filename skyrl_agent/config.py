@@ -177,8 +177,13 @@ class CollectorConfig(_Section):
 class TrainerConfig(_Section):
     """How trajectories become weights (the reference loop, `sft`, later `train`)."""
 
-    backend: Literal["torch"] = "torch"
-    """`torch`: a Hugging Face model on CPU, or one GPU when visible."""
+    backend: Literal["torch", "fsdp"] = "torch"
+    """`torch`: a Hugging Face model in this process, on CPU or one GPU when visible. `fsdp`:
+    the model sharded with FSDP2 over `data_parallel` rank processes (gloo on CPU; NCCL and one
+    GPU per rank when GPUs are visible)."""
+    data_parallel: int = Field(default=1, ge=1)
+    """Ranks that each train on their share of every batch (`fsdp` shards the model over them;
+    `torch` is one rank)."""
     advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"] = "grpo"
     """Advantage estimator within each group (all need n_samples_per_task >= 2)."""
     loss_fn: Literal["ppo", "gspo", "cispo", "importance_sampling"] = "ppo"
@@ -227,6 +232,14 @@ class TrainerConfig(_Section):
     """`train`: also log each step to this Weights & Biases project (needs the `wandb`
     package; WANDB_MODE=offline keeps the run in RUN_DIR/wandb). None: TensorBoard and
     metrics.jsonl only."""
+
+
+    @model_validator(mode="after")
+    def _ranks_fit_the_backend(self) -> TrainerConfig:
+        if self.backend == "torch" and self.data_parallel > 1:
+            raise ValueError(f"data_parallel={self.data_parallel} needs backend=fsdp (the torch "
+                             f"backend is one process)")
+        return self
 
 
 class RayConfig(_Section):

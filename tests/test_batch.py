@@ -117,13 +117,13 @@ def test_a_datum_rejects_misaligned_arrays():
 
 
 def test_agreement_counts_only_turns_sampled_wholly_by_the_current_weights():
-    from skyrl_agent.trainers.torch_backend import _sampled_by
+    from skyrl_agent.trainers.passes import sampled_by
 
     # Turn 1 all version 2; turn 2 crosses an update from 1 to 2; turn 3 all version 1.
     datum = Datum((0,) * 9, {"target_tokens": (1,) * 9,
                              "weights": (0, 1, 1, 0, 1, 1, 0, 1, 1),
                              "policy_versions": (0, 2, 2, 0, 1, 2, 0, 1, 1)})
-    assert _sampled_by([datum], 2)[0].tolist() == [
+    assert sampled_by([datum], 2)[0].tolist() == [
         False, True, True, False, False, False, False, False, False]
-    assert _sampled_by([datum], 1)[0].tolist() == [
+    assert sampled_by([datum], 1)[0].tolist() == [
         False, False, False, False, True, False, False, True, True]

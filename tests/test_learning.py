@@ -19,12 +19,15 @@ from tests.tiny_models import char_model_dir
 pytestmark = pytest.mark.slow
 
 
-def test_rl_learns_a_toy_task_with_a_random_model(tmp_path, work_root):
+@pytest.mark.parametrize("backend", ["torch", "fsdp"])
+def test_rl_learns_a_toy_task_with_a_random_model(tmp_path, work_root, backend):
     """toy/eight-a rewards the share of a's among the first 8 characters of the reply. A random
     1-layer model over ~100 characters writes about 3% a's; GRPO with PPO must lift it past 90%
-    within 12 steps of 16 samples (seeded: it gets there at step 8)."""
+    within 12 steps of 16 samples (seeded: it gets there at step 8). The same with the model
+    sharded over two FSDP2 ranks, whose weights reach the server gathered tensor by tensor."""
     model = char_model_dir(tmp_path / "model")
-    config = load_config(None, [
+    ranks = ["trainer.data_parallel=2"] if backend == "fsdp" else []
+    config = load_config(None, [f"trainer.backend={backend}", *ranks,
         "agent.name=answer", "tasks.source=toy", f"inference.model={model}",
         "inference.max_tokens=8", "collector.n_samples_per_task=16",
         "trainer.learning_rate=3e-2", "trainer.max_steps=12", f"sandbox.work_root={work_root}"])

@@ -96,10 +96,12 @@ def test_kill_9_then_resume_loses_and_repeats_nothing(model, work_root, tmp_path
     assert_one_line_error(run(*args), "--resume")
     assert_one_line_error(run(*args, "--resume", "--set", "trainer.learning_rate=1"),
                           "other settings")
-    # The run's own settings are the base: --output and --resume are enough.
-    resumed = run("train", "--output", str(run_dir), "--resume")
+    # The run's own settings are the base: --output and --resume are enough. The backend may
+    # change: the one-process run goes on sharded over two FSDP2 ranks.
+    resumed = run("train", "--output", str(run_dir), "--resume", "--set",
+                  "trainer.backend=fsdp", "--set", "trainer.data_parallel=2")
     assert resumed.returncode == 0, resumed.stderr
-    assert "resume from" in resumed.stdout
+    assert "resume from" in resumed.stdout and "FSDP2 over 2 rank processes" in resumed.stdout
     assert (run_dir / "curves" / "reward.png").is_file() and "curves:" in resumed.stdout
     state = json.loads((Checkpoints(run_dir).latest() / "loop.json").read_text())
     assert state["step"] == 6
@@ -125,6 +127,12 @@ def test_train_rejects_bad_input_with_one_line(tmp_path):
     assert_one_line_error(run("train", "--set", "trainer.advantage=rloo", "--set",
                               "collector.n_samples_per_task=1", "--output", str(tmp_path / "x")),
                           "n_samples_per_task >= 2")
+    assert_one_line_error(run("train", "--set", "trainer.data_parallel=2",
+                              "--output", str(tmp_path / "x")), "needs backend=fsdp")
     dry = run("train", "--dry-run", "--output", str(tmp_path / "x"))
     assert dry.returncode == 0 and "steps of" in dry.stdout
+    assert "torch in one process" in dry.stdout
+    dry = run("train", "--dry-run", "--output", str(tmp_path / "x"), "--set",
+              "trainer.backend=fsdp", "--set", "trainer.data_parallel=3")
+    assert dry.returncode == 0 and "FSDP2 over 3 rank processes" in dry.stdout
     assert not (tmp_path / "x").exists()  # a dry run writes nothing

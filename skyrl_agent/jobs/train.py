@@ -25,7 +25,7 @@ from skyrl_agent.trainers.checkpoints import Checkpoints, LoopState
 from skyrl_agent.trainers.loop import AsyncLoop
 from skyrl_agent.trainers.metrics import MetricsLog
 from skyrl_agent.trainers.reference_loop import reference_loop
-from skyrl_agent.trainers.settings import check_trainable, make_backend
+from skyrl_agent.trainers.settings import check_trainable, describe_backend, make_backend
 from skyrl_agent.trainers.step import StepResult, publish
 from skyrl_agent.trainers.stream import TaskStream
 from skyrl_agent.trainers.workers import Placement, Workers
@@ -33,9 +33,11 @@ from skyrl_agent.trainers.workers import Placement, Workers
 log = logging.getLogger(__name__)
 
 
-RESUMABLE_CHANGES = {"max_steps", "checkpoint_every", "wandb_project"}
+RESUMABLE_CHANGES = {"max_steps", "checkpoint_every", "wandb_project", "backend",
+                     "data_parallel"}
 """Trainer settings a resumed run may change: how long it goes on, how often it saves, where
-else it reports."""
+else it reports, and which backend over how many ranks (every backend reads every backend's
+checkpoints)."""
 
 
 def _pinned(record: RunRecord) -> RunRecord:
@@ -82,7 +84,8 @@ class TrainJob:
             f"{trainer.max_steps} steps of {per_step} groups x {n} samples; "
             f"{trainer.advantage} advantages, {trainer.loss_fn} loss, {trainer.reduction}, "
             f"correction {trainer.correction}, lr {trainer.learning_rate:g}"
-            + (f", LoRA rank {trainer.lora_rank}" if trainer.lora_rank else ", full fine-tune"),
+            + (f", LoRA rank {trainer.lora_rank}" if trainer.lora_rank else ", full fine-tune")
+            + f"; {describe_backend(trainer)}",
             f"max staleness {trainer.max_staleness}; checkpoint every "
             f"{trainer.checkpoint_every} steps into {self.run_dir.checkpoints}",
             f"resume from {latest}" if latest else "starting from the model's weights",

@@ -45,6 +45,10 @@ class Datum:
                                  f"{len(self.model_input)} input tokens")
         object.__setattr__(self, "loss_fn_inputs", MappingProxyType(dict(self.loss_fn_inputs)))
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The read-only mapping cannot be pickled; rank processes receive data by pickle.
+        return (Datum, (self.model_input, dict(self.loss_fn_inputs)))
+
     def array(self, name: str, default: float = 0.0) -> tuple[float, ...]:
         """A named array, or `default` at every position when the datum does not carry it."""
         return self.loss_fn_inputs.get(name) or (default,) * len(self.model_input)

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from skyrl_agent.config import RunConfig, TrainerConfig
 from skyrl_agent.errors import ConfigError
-from skyrl_agent.trainers.backend import AdamParams
+from skyrl_agent.trainers.backend import AdamParams, TrainerBackend
 from skyrl_agent.trainers.loss import LossConfig
-from skyrl_agent.trainers.torch_backend import TorchBackend
 from skyrl_agent.trainers.torch_model import LoraSettings
 
 GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp")
@@ -38,13 +37,28 @@ def adam_params(trainer: TrainerConfig, learning_rate: float | None = None) -> A
                       weight_decay=trainer.weight_decay, grad_clip_norm=trainer.grad_clip_norm)
 
 
-def make_backend(config: RunConfig, model: str | None = None) -> TorchBackend:
+def make_backend(config: RunConfig, model: str | None = None) -> TrainerBackend:
     """The configured backend over `model` (default: the model the inference server serves)."""
     from skyrl_agent.inference.models import resolve_model
 
     trainer = config.trainer
     lora = LoraSettings(rank=trainer.lora_rank, alpha=trainer.lora_alpha) \
         if trainer.lora_rank else None
-    return TorchBackend(resolve_model(model or config.inference.model), lora=lora,
-                        dtype=trainer.dtype, micro_batch_tokens=trainer.micro_batch_tokens,
-                        seed=config.seed)
+    folder = resolve_model(model or config.inference.model)
+    if trainer.backend == "fsdp":
+        from skyrl_agent.trainers.fsdp_backend import FsdpBackend
+
+        return FsdpBackend(folder, world_size=trainer.data_parallel, lora=lora,
+                           dtype=trainer.dtype, micro_batch_tokens=trainer.micro_batch_tokens,
+                           seed=config.seed)
+    from skyrl_agent.trainers.torch_backend import TorchBackend
+
+    return TorchBackend(folder, lora=lora, dtype=trainer.dtype,
+                        micro_batch_tokens=trainer.micro_batch_tokens, seed=config.seed)
+
+
+def describe_backend(trainer: TrainerConfig) -> str:
+    """The backend in a few words, for plans."""
+    if trainer.backend == "fsdp":
+        return f"FSDP2 over {trainer.data_parallel} rank processes"
+    return "torch in one process"

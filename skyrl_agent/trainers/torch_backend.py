@@ -12,7 +12,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,14 +30,21 @@ from skyrl_agent.trainers.backend import (
     TrainingState,
     WeightUpdate,
 )
-from skyrl_agent.trainers.loss import (
-    LOSS_FNS,
-    LossConfig,
-    MicroBatch,
-    agreement,
-    micro_batch_loss,
-)
+from skyrl_agent.trainers.loss import LossConfig, MicroBatch, micro_batch_loss
 from skyrl_agent.trainers.loss import parse_loss_config as parse_loss_config
+from skyrl_agent.trainers.optimizer_state import by_name, by_position
+from skyrl_agent.trainers.passes import (
+    STAND_IN,
+    PartialPass,
+    checked_call,
+    merge_passes,
+    micro_batches,
+    rng_state,
+    sampled_by,
+    set_rng_state,
+    stack,
+    unpad,
+)
 from skyrl_agent.trainers.torch_model import (
     LoraSettings,
     export_model,
@@ -66,7 +73,8 @@ class TorchBackend:
         self.dtype = pick_dtype(dtype, self.device)
         self.lora = lora
         self.micro_batch_tokens = micro_batch_tokens
-        self.model = load_causal_lm(self.model_folder, self.dtype, self.device, lora)
+        self.model = self._place(load_causal_lm(self.model_folder, self.dtype, self.device,
+                                                lora))
         self.params = trainable_parameters(self.model)
         self.optimizer = torch.optim.AdamW(list(self.params.values()), lr=0.0, foreach=False)
         self.step = 0
@@ -76,69 +84,64 @@ class TorchBackend:
     # ---- Tinker primitives -----------------------------------------------------------------
 
     def forward(self, data: Sequence[Datum]) -> list[tuple[float, ...]]:
-        out: list[tuple[float, ...]] = []
-        with torch.no_grad():
-            for rows in self._micro_batches(data):
-                logprobs_BT, _ = self._logprobs(self.model, [data[i] for i in rows])
-                out.extend(_unpad(logprobs_BT, [data[i] for i in rows]))
-        return out
+        out = self.forward_rows(data, self._micro_batches(data))
+        return [out[i] for i in range(len(data))]
 
     def forward_backward(self, data: Sequence[Datum], loss_fn: str,
                          loss_fn_config: LossConfig | Mapping[str, Any] | None = None,
                          ) -> ForwardBackwardOutput:
-        config = parse_loss_config(loss_fn_config)
-        if loss_fn not in LOSS_FNS:
-            raise ValueError(f"unknown loss_fn {loss_fn!r}; known: {', '.join(LOSS_FNS)}")
-        if not data:
-            raise ValueError("forward_backward needs at least one datum")
-        reduction_BT = token_weights(_stack(data, "weights"), config.reduction, config.norm_len)
-        total = 0.0
-        logprobs: list[tuple[float, ...]] = []
-        sums: dict[str, float] = {}
-        trainer_N, sampler_N, current_N, entropy_N = [], [], [], []
-        for rows in self._micro_batches(data):
-            part = [data[i] for i in rows]
+        config = checked_call(data, loss_fn, loss_fn_config)
+        return merge_passes(data, [self.partial_pass(data, loss_fn, config,
+                                                     self._micro_batches(data))])
+
+    def forward_rows(self, data: Sequence[Datum], plan: Sequence[Sequence[int]],
+                     ) -> dict[int, tuple[float, ...]]:
+        """Logprobs of the rows in `plan`'s micro-batches (an empty one runs the stand-in)."""
+        out: dict[int, tuple[float, ...]] = {}
+        with torch.no_grad():
+            for rows in plan:
+                part = [data[i] for i in rows] or [STAND_IN]
+                logprobs_BT, _ = self._logprobs(self.model, part)
+                out.update(zip(rows, unpad(logprobs_BT, part), strict=False))
+        return out
+
+    def partial_pass(self, data: Sequence[Datum], loss_fn: str, config: LossConfig,
+                     plan: Sequence[Sequence[int]]) -> PartialPass:
+        """Loss and gradient of the rows in `plan`'s micro-batches, as their share of the whole
+        batch's loss (the reduction's weights come from every row); gradients accumulate."""
+        reduction_BT = token_weights(stack(data, "weights"), config.reduction, config.norm_len)
+        result = PartialPass()
+        for rows in plan:
+            part = [data[i] for i in rows] or [STAND_IN]
             logprobs_BT, logits_BTV = self._logprobs(self.model, part)
-            batch = MicroBatch(logprobs_BT, _stack(part, "weights", self.device),
-                               reduction_BT[rows, : logprobs_BT.shape[1]].to(self.device),
-                               _stack(part, "logprobs", self.device),
-                               _stack(part, "advantages", self.device),
+            width = logprobs_BT.shape[1]
+            reduction = reduction_BT[rows, :width] if rows else torch.zeros(1, width)
+            batch = MicroBatch(logprobs_BT, stack(part, "weights", self.device),
+                               reduction.to(self.device), stack(part, "logprobs", self.device),
+                               stack(part, "advantages", self.device),
                                self._reference_logprobs(part) if config.kl_coef > 0 else None)
             loss, metrics = micro_batch_loss(loss_fn, config, batch)
             loss.backward()
-            total += float(loss.detach())
+            if not rows:
+                continue
+            result.loss += float(loss.detach())
             tokens = float(batch.weights_BT.gt(0).sum())
             for key, value in metrics.items():
-                sums[key] = sums.get(key, 0.0) + value * tokens
+                result.metric_sums[key] = result.metric_sums.get(key, 0.0) + value * tokens
             picked = batch.weights_BT > 0
-            trainer_N.append(logprobs_BT.detach()[picked].cpu())
-            sampler_N.append(batch.sampler_logprobs_BT[picked].cpu())
-            current_N.append(_sampled_by(part, self.step)[picked.cpu()])
+            result.trainer_N.append(logprobs_BT.detach()[picked].cpu())
+            result.sampler_N.append(batch.sampler_logprobs_BT[picked].cpu())
+            result.current_N.append(sampled_by(part, self.step)[picked.cpu()])
             with torch.no_grad():
-                entropy_N.append(entropy_BT(logits_BTV.detach())[picked].cpu())
-            logprobs.extend(_unpad(logprobs_BT.detach(), part))
+                result.entropy_N.append(entropy_BT(logits_BTV.detach())[picked].cpu())
+            result.logprobs.update(zip(rows, unpad(logprobs_BT.detach(), part), strict=True))
             del logits_BTV, loss
-        tokens = sum(d.num_loss_tokens for d in data)
-        metrics = {key: value / max(tokens, 1) for key, value in sums.items()}
-        metrics["loss"] = total
-        metrics["tokens"] = float(tokens)
-        metrics["entropy"] = float(torch.cat(entropy_N).mean()) if tokens else 0.0
-        if any("logprobs" in d.loss_fn_inputs for d in data):
-            # Agreement on the tokens the current weights sampled (a bug detector); the rest
-            # measure how off-policy the batch is.
-            trainer, sampler, current = (torch.cat(trainer_N), torch.cat(sampler_N),
-                                         torch.cat(current_N))
-            metrics.update(agreement(trainer[current], sampler[current]))
-            if not bool(current.all()):
-                stale = agreement(trainer[~current], sampler[~current])
-                metrics.update({k.replace("agreement/", "off_policy/"): v
-                                for k, v in stale.items()})
-        return ForwardBackwardOutput(total, tuple(logprobs), metrics)
+        return result
 
     def optim_step(self, adam: AdamParams) -> OptimStepOutput:
         params = list(self.params.values())
         limit = adam.grad_clip_norm if adam.grad_clip_norm > 0 else float("inf")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, limit, foreach=False))
+        grad_norm = float(full(torch.nn.utils.clip_grad_norm_(params, limit, foreach=False)))
         for group in self.optimizer.param_groups:
             group.update(lr=adam.learning_rate, betas=(adam.beta1, adam.beta2), eps=adam.eps,
                          weight_decay=adam.weight_decay)
@@ -154,7 +157,8 @@ class TorchBackend:
         tensors = {name: p.detach().to("cpu", copy=True) for name, p in self.params.items()}
         with atomic_folder(Path(path), replace=True) as staging:
             save_file(tensors, staging / "weights.safetensors")
-            torch.save({"optimizer": self.optimizer.state_dict(), "rng": _rng_state()},
+            torch.save({"optimizer": by_name(self.optimizer.state_dict(), list(self.params)),
+                        "rng": rng_state()},
                        staging / "optimizer.pt")
             (staging / "state.json").write_text(json.dumps(
                 {"step": self.step, "data_position": data_position}))
@@ -175,8 +179,8 @@ class TorchBackend:
             state = json.loads((path / "state.json").read_text())
             return TrainingState(step=self.step, data_position=int(state["data_position"]))
         saved = torch.load(path / "optimizer.pt", weights_only=False)
-        self.optimizer.load_state_dict(saved["optimizer"])
-        _set_rng_state(saved["rng"])
+        self.optimizer.load_state_dict(by_position(saved["optimizer"], list(self.params)))
+        set_rng_state(saved["rng"])
         state = json.loads((path / "state.json").read_text())
         self.step = int(state["step"])
         return TrainingState(step=self.step, data_position=int(state["data_position"]))
@@ -213,19 +217,12 @@ class TorchBackend:
             return merged_lora_weights(self.model)
         return {name: p.detach() for name, p in server_parameters(self.model).items()}
 
-    def _micro_batches(self, data: Sequence[Datum]) -> Iterator[list[int]]:
-        """Consecutive rows whose padded size fits micro_batch_tokens (a longer row alone)."""
-        rows: list[int] = []
-        longest = 0
-        for index, datum in enumerate(data):
-            length = len(datum.model_input)
-            if rows and max(longest, length) * (len(rows) + 1) > self.micro_batch_tokens:
-                yield rows
-                rows, longest = [], 0
-            rows.append(index)
-            longest = max(longest, length)
-        if rows:
-            yield rows
+    def _place(self, model: Any) -> Any:
+        """Where the loaded model (and the KL reference) runs: as is, in one process."""
+        return model
+
+    def _micro_batches(self, data: Sequence[Datum]) -> list[list[int]]:
+        return micro_batches(data, range(len(data)), self.micro_batch_tokens)
 
     def _logprobs(self, model: Any, data: Sequence[Datum]) -> tuple[torch.Tensor, torch.Tensor]:
         """Per row and position, log p(target | prefix); right-padded. Also the logits."""
@@ -235,7 +232,7 @@ class TorchBackend:
         for row, datum in enumerate(data):
             input_ids[row, : len(datum.model_input)] = torch.tensor(datum.model_input)
             attention[row, : len(datum.model_input)] = 1
-        targets_BT = _stack(data, "target_tokens").long().to(self.device)
+        targets_BT = stack(data, "target_tokens").long().to(self.device)
         logits_BTV = model(input_ids=input_ids.to(self.device),
                            attention_mask=attention.to(self.device)).logits.float()
         # gather - logsumexp: no full log_softmax copy of the [B, T, vocab] logits.
@@ -249,55 +246,13 @@ class TorchBackend:
                 with self.model.disable_adapter():
                     return self._logprobs(self.model, data)[0]
             if self._reference is None:
-                self._reference = load_causal_lm(self.model_folder, self.dtype, self.device,
-                                                 None)
+                self._reference = self._place(load_causal_lm(
+                    self.model_folder, self.dtype, self.device, None))
             return self._logprobs(self._reference, data)[0]
 
 
-def _stack(data: Sequence[Datum], name: str, device: torch.device | None = None,
-           ) -> torch.Tensor:
-    """A named per-position array of every datum, right-padded with zeros: [B, T]."""
-    width = max((len(d.model_input) for d in data), default=0)
-    out = torch.zeros(len(data), width, dtype=torch.float32)
-    for row, datum in enumerate(data):
-        if name in datum.loss_fn_inputs:
-            out[row, : len(datum.model_input)] = torch.tensor(datum.loss_fn_inputs[name],
-                                                              dtype=torch.float64)
-    return out if device is None else out.to(device)
+def full(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor behind a sharded one (a collective: every rank must call it)."""
+    from torch.distributed.tensor import DTensor
 
-
-def _sampled_by(data: Sequence[Datum], version: int) -> torch.Tensor:
-    """[B, T]: True where a sampled token came from `version` with no older token before it in
-    its turn. A turn that spans a weight update continues on a KV cache the old weights wrote,
-    so even its newer tokens are not exactly the new policy's: agreement leaves them out."""
-    width = max(len(d.model_input) for d in data)
-    out = torch.zeros(len(data), width, dtype=torch.bool)
-    for row, datum in enumerate(data):
-        weights = datum.array("weights")
-        versions = datum.loss_fn_inputs.get("policy_versions")
-        clean = True
-        for i, weight in enumerate(weights):
-            if not weight:
-                clean = True  # a turn's sampled tokens are contiguous; a gap starts the next
-                continue
-            clean = clean and (versions is None or versions[i] == version)
-            out[row, i] = clean
-    return out
-
-
-def _unpad(values_BT: torch.Tensor, data: Sequence[Datum]) -> list[tuple[float, ...]]:
-    return [tuple(values_BT[row, : len(d.model_input)].tolist()) for row, d in enumerate(data)]
-
-
-def _rng_state() -> dict[str, Any]:
-    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor

@@ -123,8 +123,10 @@ class SharedWeights:
     """A safetensors file of fixed names, dtypes and shapes, mapped read-write.
 
     `views[name]` aliases the file's bytes for `name`: writing into it changes what the server
-    loads next. Call `close()` (or use `with`) when done: it unmaps and removes the file. Parameters
-    that were adopted get private copies first, so the trainer keeps working after close.
+    loads next. A meta tensor among `tensors` reserves its slot without data (a sharded trainer
+    fills it tensor by tensor). Call `close()` (or use `with`) when done: it unmaps and removes
+    the file. Parameters that were adopted get private copies first, so the trainer keeps
+    working after close.
     """
 
     def __init__(self, path: Path, tensors: Mapping[str, torch.Tensor]) -> None:
@@ -150,7 +152,7 @@ class SharedWeights:
         try:
             self._mapping[: len(header)] = header
             self.views = {name: self._view(slot) for name, slot in self._slots.items()}
-            self.write(tensors)
+            self.write({name: t for name, t in tensors.items() if not t.is_meta})
         except BaseException:
             self.close()
             raise

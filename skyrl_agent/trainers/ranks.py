@@ -1,0 +1,196 @@
+"""Trainer ranks as child processes, driven in lock-step by the process that owns the backend.
+
+A sharded backend starts one process per rank. Each builds its engine (`engine` names a class
+or function as `module:name`, called with the rank, the world size and the given keywords)
+inside a torch process group, then serves calls: the driver sends every rank a call, each runs
+it (collectives inside), and the driver waits for every reply. An error in one rank is raised
+in the driver; a rank that dies ends the whole group, since its peers would wait for it forever.
+
+The group meets through a file store in a private folder, not a TCP store: nobody else on the
+machine can join it. On CPU the ranks talk over gloo on the loopback interface, on GPUs over
+NCCL, one GPU per rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Sequence
+from multiprocessing import get_context
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+STOP = "__stop__"
+"""The call that ends a rank's loop."""
+
+
+class RankError(RuntimeError):
+    """A rank failed or died; the group is closed."""
+
+
+class RankGroup:
+    """`world_size` rank processes serving `engine`'s methods."""
+
+    def __init__(self, world_size: int, engine: str, device: str,
+                 settings: dict[str, Any], start_timeout: float = 600.0) -> None:
+        if world_size < 1:
+            raise ValueError(f"a rank group needs at least one rank, got {world_size}")
+        self.world_size = world_size
+        self._folder = Path(tempfile.mkdtemp(prefix="skyrl-agent-ranks-"))
+        self._closed = False
+        context = get_context("spawn")  # a fork of a threaded process may hold a lock forever
+        self._connections: list[Connection] = []
+        self._processes = []
+        try:
+            for rank in range(world_size):
+                ours, theirs = context.Pipe()
+                process = context.Process(
+                    target=_serve, name=f"skyrl-agent-rank-{rank}", daemon=True,
+                    args=(rank, world_size, str(self._folder / "store"), device, engine,
+                          settings, theirs, os.getpid()))
+                process.start()
+                theirs.close()
+                self._connections.append(ours)
+                self._processes.append(process)
+            self._collect(timeout=start_timeout)  # each rank answers once its engine is built
+        except BaseException:
+            self.close()
+            raise
+
+    def call(self, method: str, *args: Any) -> list[Any]:
+        """Every rank runs `method(*args)`; their results in rank order."""
+        return self.call_each(method, [args] * self.world_size)
+
+    def call_each(self, method: str, args: Sequence[tuple[Any, ...]]) -> list[Any]:
+        """Rank r runs `method(*args[r])`; their results in rank order."""
+        if self._closed:
+            raise RankError("the trainer ranks were closed")
+        for connection, rank_args in zip(self._connections, args, strict=True):
+            try:
+                connection.send((method, rank_args))
+            except (BrokenPipeError, ConnectionResetError):
+                self._lost()
+        return self._collect()
+
+    def _collect(self, timeout: float | None = None) -> list[Any]:
+        replies: dict[int, tuple[str, Any]] = {}
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while len(replies) < self.world_size:
+            waiting = {self._connections[r]: r for r in range(self.world_size) if r not in replies}
+            sentinels = {self._processes[r].sentinel: r for r in waiting.values()}
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready = wait([*waiting, *sentinels], timeout=left)
+            if not ready:
+                self.close()
+                raise RankError(f"the trainer ranks did not answer within {timeout:.0f} s")
+            for item in ready:
+                if item in waiting:
+                    rank = waiting[item]
+                    try:
+                        replies[rank] = self._connections[rank].recv()
+                    except (EOFError, ConnectionResetError):
+                        self._lost()
+            if not any(item in waiting for item in ready):
+                self._lost()
+        failures = [(rank, reply[1]) for rank, reply in sorted(replies.items())
+                    if reply[0] == "error"]
+        if failures:
+            rank, (kind, message, trace) = failures[0]
+            log.debug("trainer rank %d failed:\n%s", rank, trace)
+            if kind == "ValueError":  # bad input: the same error the one-process backend raises
+                raise ValueError(message)
+            raise RankError(f"trainer rank {rank} failed: {kind}: {message}")
+        return [replies[rank][1] for rank in range(self.world_size)]
+
+    def _lost(self) -> None:
+        codes = {rank: p.exitcode for rank, p in enumerate(self._processes)
+                 if p.exitcode is not None}
+        self.close()
+        died = ", ".join(f"rank {rank} (exit code {code})" for rank, code in codes.items())
+        raise RankError(f"trainer ranks lost: {died or 'a pipe broke'}; the backend is closed")
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop every rank (asked first, then killed) and remove the group's folder."""
+        if self._closed:
+            return
+        self._closed = True
+        for connection in self._connections:
+            with contextlib.suppress(OSError):
+                connection.send((STOP, ()))
+        deadline = time.monotonic() + timeout
+        for process in self._processes:
+            process.join(max(0.0, deadline - time.monotonic()))
+            if process.is_alive():
+                process.kill()
+                process.join()
+        for connection in self._connections:
+            connection.close()
+        shutil.rmtree(self._folder, ignore_errors=True)
+
+
+def _serve(rank: int, world_size: int, store: str, device: str, engine: str,
+           settings: dict[str, Any], connection: Connection, parent: int) -> None:
+    """A rank's whole life: join the group, build the engine, answer calls until told to stop."""
+    _exit_with(parent)
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    backend = "nccl" if device.startswith("cuda") else "gloo"
+    if backend == "gloo":
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    else:
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    try:
+        dist.init_process_group(backend, store=dist.FileStore(store, world_size), rank=rank,
+                                world_size=world_size)
+        module, name = engine.split(":")
+        served = getattr(importlib.import_module(module), name)(
+            rank=rank, world_size=world_size, device=device, **settings)
+    except BaseException as error:  # noqa: BLE001 - the driver reports it
+        connection.send(("error", _described(error)))
+        return
+    connection.send(("ok", None))
+    try:
+        while True:
+            try:
+                method, args = connection.recv()
+            except (EOFError, OSError):
+                break  # the driver is gone
+            if method == STOP:
+                break
+            try:
+                connection.send(("ok", getattr(served, method)(*args)))
+            except Exception as error:  # noqa: BLE001 - the driver reports it
+                connection.send(("error", _described(error)))
+    finally:
+        closing = getattr(served, "close", None)
+        if closing is not None:
+            closing()
+        dist.destroy_process_group()
+
+
+def _described(error: BaseException) -> tuple[str, str, str]:
+    return type(error).__name__, str(error), traceback.format_exc()
+
+
+def _exit_with(parent: int) -> None:
+    """End this rank when the driver's process ends, even mid-collective (where a rank would
+    otherwise wait for its peers until the process group's timeout)."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
