@@ -177,13 +177,16 @@ class CollectorConfig(_Section):
 class TrainerConfig(_Section):
     """How trajectories become weights (the reference loop, `sft`, later `train`)."""
 
-    backend: Literal["torch", "fsdp"] = "torch"
+    backend: Literal["torch", "fsdp", "megatron"] = "torch"
     """`torch`: a Hugging Face model in this process, on CPU or one GPU when visible. `fsdp`:
-    the model sharded with FSDP2 over `data_parallel` rank processes (gloo on CPU; NCCL and one
-    GPU per rank when GPUs are visible)."""
+    the model sharded with FSDP2 over `data_parallel` rank processes. `megatron`: megatron-core's
+    GPTModel (Llama-layout models), split `tensor_parallel` ways, `data_parallel` copies. Rank
+    processes talk over gloo on CPU, NCCL with one GPU each when GPUs are visible."""
     data_parallel: int = Field(default=1, ge=1)
-    """Ranks that each train on their share of every batch (`fsdp` shards the model over them;
-    `torch` is one rank)."""
+    """Model copies (or FSDP shards) that each train on their share of every batch."""
+    tensor_parallel: int = Field(default=1, ge=1)
+    """`megatron`: ranks each layer's weights are split over (must divide the model's attention
+    and key-value heads)."""
     advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"] = "grpo"
     """Advantage estimator within each group (all need n_samples_per_task >= 2)."""
     loss_fn: Literal["ppo", "gspo", "cispo", "importance_sampling"] = "ppo"
@@ -237,8 +240,10 @@ class TrainerConfig(_Section):
     @model_validator(mode="after")
     def _ranks_fit_the_backend(self) -> TrainerConfig:
         if self.backend == "torch" and self.data_parallel > 1:
-            raise ValueError(f"data_parallel={self.data_parallel} needs backend=fsdp (the torch "
-                             f"backend is one process)")
+            raise ValueError(f"data_parallel={self.data_parallel} needs backend=fsdp or megatron "
+                             f"(the torch backend is one process)")
+        if self.backend != "megatron" and self.tensor_parallel > 1:
+            raise ValueError(f"tensor_parallel={self.tensor_parallel} needs backend=megatron")
         return self
 
 

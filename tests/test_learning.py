@@ -19,14 +19,16 @@ from tests.tiny_models import char_model_dir
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("backend", ["torch", "fsdp"])
+@pytest.mark.parametrize("backend", ["torch", "fsdp", "megatron"])
 def test_rl_learns_a_toy_task_with_a_random_model(tmp_path, work_root, backend):
     """toy/eight-a rewards the share of a's among the first 8 characters of the reply. A random
     1-layer model over ~100 characters writes about 3% a's; GRPO with PPO must lift it past 90%
     within 12 steps of 16 samples (seeded: it gets there at step 8). The same with the model
-    sharded over two FSDP2 ranks, whose weights reach the server gathered tensor by tensor."""
+    sharded over two FSDP2 ranks or split tensor-parallel over two Megatron ranks, whose weights
+    reach the server gathered tensor by tensor."""
     model = char_model_dir(tmp_path / "model")
-    ranks = ["trainer.data_parallel=2"] if backend == "fsdp" else []
+    ranks = {"torch": [], "fsdp": ["trainer.data_parallel=2"],
+             "megatron": ["trainer.tensor_parallel=2"]}[backend]
     config = load_config(None, [f"trainer.backend={backend}", *ranks,
         "agent.name=answer", "tasks.source=toy", f"inference.model={model}",
         "inference.max_tokens=8", "collector.n_samples_per_task=16",

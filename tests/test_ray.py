@@ -92,6 +92,14 @@ def test_a_ray_run_stores_the_same_run_dir_as_one_process(model, work_root, tmp_
     state = json.loads((Checkpoints(tmp_path / "ray").latest() / "loop.json").read_text())
     assert state["step"] == 3 and len(set(state["trained"])) == len(state["trained"]) == 6
 
+    # Nor is the backend: it goes on on Ray again, its trainer actor driving two Megatron ranks.
+    megatron = settings(model, work_root, "ray.address=auto", "trainer.max_steps=4",
+                        "trainer.backend=megatron", "trainer.tensor_parallel=2")
+    again = asyncio.run(TrainJob(megatron, tmp_path / "ray", resume=True,
+                                 placement=ray_placement()).run())
+    assert [r.step for r in again] == [3]
+    assert again[0].metrics["agreement/max_abs_diff"] < 1e-3
+
 
 async def _sessions_from_two_actors(router) -> list[list[str]]:
     """Two collector-like actors open 2 sessions each at once and call the model 3 times per

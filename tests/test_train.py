@@ -119,6 +119,25 @@ def test_kill_9_then_resume_loses_and_repeats_nothing(model, work_root, tmp_path
     assert not any(work_root.iterdir())
 
 
+def test_a_megatron_run_finishes_and_resumes_in_one_process(model, work_root, tmp_path):
+    """`train` with the model split over two Megatron ranks, then one more step on the torch
+    backend from the Megatron checkpoint."""
+    run_dir = tmp_path / "run"
+    first = run("train", "--agent", "answer", "--tasks", "toy", "--n", "8", "--steps", "2",
+                "--output", str(run_dir), "--set", f"inference.model={model}",
+                "--set", "inference.max_tokens=8", "--set", "trainer.checkpoint_every=1",
+                "--set", f"sandbox.work_root={work_root}", "--set", "trainer.backend=megatron",
+                "--set", "trainer.tensor_parallel=2")
+    assert first.returncode == 0, first.stderr
+    assert "Megatron over 2 rank processes" in first.stdout
+    resumed = run("train", "--output", str(run_dir), "--resume", "--steps", "3", "--set",
+                  "trainer.backend=torch", "--set", "trainer.tensor_parallel=1")
+    assert resumed.returncode == 0, resumed.stderr
+    rows = read_metrics(run_dir)
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert all(r["agreement/max_abs_diff"] < 1e-3 for r in rows if "agreement/max_abs_diff" in r)
+
+
 def test_train_rejects_bad_input_with_one_line(tmp_path):
     assert_one_line_error(run("train", "--agent", "oracle", "--output", str(tmp_path / "x")),
                           "never calls the model")
@@ -129,6 +148,9 @@ def test_train_rejects_bad_input_with_one_line(tmp_path):
                           "n_samples_per_task >= 2")
     assert_one_line_error(run("train", "--set", "trainer.data_parallel=2",
                               "--output", str(tmp_path / "x")), "needs backend=fsdp")
+    assert_one_line_error(run("train", "--set", "trainer.backend=megatron", "--set",
+                              "trainer.tensor_parallel=2", "--output", str(tmp_path / "x")),
+                          "must divide the model's 9 attention heads")
     dry = run("train", "--dry-run", "--output", str(tmp_path / "x"))
     assert dry.returncode == 0 and "steps of" in dry.stdout
     assert "torch in one process" in dry.stdout

@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 
 RESUMABLE_CHANGES = {"max_steps", "checkpoint_every", "wandb_project", "backend",
-                     "data_parallel"}
+                     "data_parallel", "tensor_parallel"}
 """Trainer settings a resumed run may change: how long it goes on, how often it saves, where
 else it reports, and which backend over how many ranks (every backend reads every backend's
 checkpoints)."""

@@ -21,8 +21,8 @@ def by_name(state: dict[str, Any], names: Sequence[str]) -> dict[str, Any]:
 
 
 def by_position(state: dict[str, Any], names: Sequence[str]) -> dict[str, Any]:
-    """A named state dict as `Optimizer.load_state_dict` takes it, parameters in `names`'
-    order; a name this model lacks is a ValueError."""
+    """A named state dict as `Optimizer.load_state_dict` takes it for an optimizer over the
+    parameters `names` (in its order); a name this model lacks is a ValueError."""
     if not _named(state):
         return state
     position = {name: i for i, name in enumerate(names)}
@@ -31,9 +31,13 @@ def by_position(state: dict[str, Any], names: Sequence[str]) -> dict[str, Any]:
     if missing:
         raise ValueError(f"the checkpoint's optimizer state is for another model: it has "
                          f"{missing[0]!r}, which this model does not train")
+    if len(state["param_groups"]) != 1:
+        raise ValueError("the checkpoint's optimizer state has several parameter groups; this "
+                         "backend trains one")
+    # load_state_dict pairs the group's ids with the optimizer's parameters in order, so the
+    # group lists every position in order (a parameter without state starts afresh).
     return {"state": {position[name]: value for name, value in state["state"].items()},
-            "param_groups": [{**group, "params": [position[n] for n in group["params"]]}
-                             for group in state["param_groups"]]}
+            "param_groups": [{**state["param_groups"][0], "params": list(range(len(names)))}]}
 
 
 def _named(state: dict[str, Any]) -> bool:

@@ -19,6 +19,28 @@ def check_trainable(config: RunConfig) -> None:
     if config.trainer.advantage in GROUP_ESTIMATORS and n < 2:
         raise ConfigError(f"trainer.advantage={config.trainer.advantage} compares the samples of "
                           f"a task: set collector.n_samples_per_task >= 2 (it is {n})")
+    if config.trainer.backend == "megatron":
+        check_megatron(config)
+
+
+def check_megatron(config: RunConfig) -> None:
+    """The Megatron backend's own limits, checked before any rank starts."""
+    import importlib.util
+
+    from skyrl_agent.inference.models import resolve_model
+
+    if importlib.util.find_spec("megatron.core") is None:
+        raise ConfigError("trainer.backend=megatron needs megatron-core: "
+                          "pip install 'skyrl-agent[megatron]'")
+    if config.trainer.lora_rank:
+        raise ConfigError("trainer.backend=megatron has no LoRA yet: use trainer.backend=fsdp "
+                          "or torch with trainer.lora_rank")
+    from skyrl_agent.trainers.megatron.backend import check_parallelism
+
+    problem = check_parallelism(resolve_model(config.inference.model),
+                                config.trainer.tensor_parallel)
+    if problem:
+        raise ConfigError(problem)
 
 
 def loss_config(config: RunConfig) -> LossConfig:
@@ -45,6 +67,13 @@ def make_backend(config: RunConfig, model: str | None = None) -> TrainerBackend:
     lora = LoraSettings(rank=trainer.lora_rank, alpha=trainer.lora_alpha) \
         if trainer.lora_rank else None
     folder = resolve_model(model or config.inference.model)
+    if trainer.backend == "megatron":
+        from skyrl_agent.trainers.megatron.backend import MegatronBackend
+
+        return MegatronBackend(folder, tensor_parallel=trainer.tensor_parallel,
+                               data_parallel=trainer.data_parallel, lora=lora,
+                               dtype=trainer.dtype,
+                               micro_batch_tokens=trainer.micro_batch_tokens, seed=config.seed)
     if trainer.backend == "fsdp":
         from skyrl_agent.trainers.fsdp_backend import FsdpBackend
 
@@ -59,6 +88,10 @@ def make_backend(config: RunConfig, model: str | None = None) -> TrainerBackend:
 
 def describe_backend(trainer: TrainerConfig) -> str:
     """The backend in a few words, for plans."""
+    if trainer.backend == "megatron":
+        return (f"Megatron over {trainer.tensor_parallel * trainer.data_parallel} rank "
+                f"processes (tensor parallel {trainer.tensor_parallel} x data parallel "
+                f"{trainer.data_parallel})")
     if trainer.backend == "fsdp":
         return f"FSDP2 over {trainer.data_parallel} rank processes"
     return "torch in one process"

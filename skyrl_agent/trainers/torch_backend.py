@@ -133,15 +133,14 @@ class TorchBackend:
             result.sampler_N.append(batch.sampler_logprobs_BT[picked].cpu())
             result.current_N.append(sampled_by(part, self.step)[picked.cpu()])
             with torch.no_grad():
-                result.entropy_N.append(entropy_BT(logits_BTV.detach())[picked].cpu())
+                result.entropy_N.append(self._entropy(logits_BTV.detach())[picked].cpu())
             result.logprobs.update(zip(rows, unpad(logprobs_BT.detach(), part), strict=True))
             del logits_BTV, loss
         return result
 
     def optim_step(self, adam: AdamParams) -> OptimStepOutput:
-        params = list(self.params.values())
         limit = adam.grad_clip_norm if adam.grad_clip_norm > 0 else float("inf")
-        grad_norm = float(full(torch.nn.utils.clip_grad_norm_(params, limit, foreach=False)))
+        grad_norm = self._clip_gradients(limit)
         for group in self.optimizer.param_groups:
             group.update(lr=adam.learning_rate, betas=(adam.beta1, adam.beta2), eps=adam.eps,
                          weight_decay=adam.weight_decay)
@@ -216,6 +215,15 @@ class TorchBackend:
         if self.lora is not None:
             return merged_lora_weights(self.model)
         return {name: p.detach() for name, p in server_parameters(self.model).items()}
+
+    def _clip_gradients(self, limit: float) -> float:
+        """Scale the gradient to a global norm of at most `limit`; the norm before."""
+        norm = torch.nn.utils.clip_grad_norm_(list(self.params.values()), limit, foreach=False)
+        return float(full(norm))
+
+    def _entropy(self, logits_BTV: torch.Tensor) -> torch.Tensor:
+        """[B, T]: the entropy of the next-token distribution at each position."""
+        return entropy_BT(logits_BTV)
 
     def _place(self, model: Any) -> Any:
         """Where the loaded model (and the KL reference) runs: as is, in one process."""

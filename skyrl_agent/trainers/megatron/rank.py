@@ -1,0 +1,264 @@
+"""One rank of the Megatron backend: the torch backend's primitives over a GPTModel shard.
+
+The ranks form tensor-parallel groups of `tp` consecutive ranks (one model copy each) and
+data-parallel groups across them (megatron-core's `parallel_state`). A rank loads the Hugging
+Face model, keeps its tensor-parallel shard as a GPTModel, and trains it with plain AdamW over
+the shards: megatron-core's own optimizer and DDP wrapper need CUDA. What Megatron does not do
+for us here, done by hand: logprobs and entropy over the vocabulary split across ranks, the
+global gradient norm (sharded parameters summed over the TP group, replicated ones counted once),
+and the sum of gradients over data-parallel copies.
+
+Everything that leaves a rank — checkpoints, exports, weights for the sampler, Adam's moments —
+is gathered and mapped back to the Hugging Face names (`mapping`), so a Megatron checkpoint is
+the one-process backend's checkpoint, and either resumes the other.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state, tensor_parallel
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from skyrl_agent.atomic import atomic_folder
+from skyrl_agent.inference.weight_files import new_weights_path, remove_orphans
+from skyrl_agent.trainers.backend import Datum, TrainingState, WeightUpdate
+from skyrl_agent.trainers.megatron.mapping import (
+    Layout,
+    Piece,
+    pieces,
+    shard,
+    unshard,
+    unsupported,
+)
+from skyrl_agent.trainers.megatron.model import build_gpt
+from skyrl_agent.trainers.passes import rng_state, set_rng_state, stack
+from skyrl_agent.trainers.torch_backend import TorchBackend
+from skyrl_agent.trainers.torch_model import LoraSettings, export_model, load_causal_lm
+
+_NEG = -1e30
+"""Logit of a padding row of the vocabulary: finite (entropy multiplies it by 0), never drawn."""
+
+
+class MegatronRank(TorchBackend):
+    """Tinker's primitives on one tensor-parallel shard of a GPTModel."""
+
+    def __init__(self, rank: int, world_size: int, device: str, model_folder: str,
+                 tp: int, lora: LoraSettings | None, dtype: str,
+                 micro_batch_tokens: int, seed: int) -> None:
+        if lora is not None:
+            raise ValueError("LoRA is not available with trainer.backend=megatron yet; use "
+                             "trainer.backend=fsdp or torch for LoRA")
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
+        # Dropout is 0: the no-op tracker is exact (the training tracker seeds CUDA).
+        from megatron.core.tensor_parallel.random import initialize_rng_tracker
+
+        initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
+        self.rank = rank
+        self.tp = tp
+        self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
+        self.tp_group = parallel_state.get_tensor_model_parallel_group()
+        self.dp_group = parallel_state.get_data_parallel_group()
+        if self.tp_rank != rank % tp:
+            raise RuntimeError("unexpected rank order: the driver assumes consecutive TP ranks")
+        self.on_cpu = not device.startswith("cuda")
+        local = "cpu" if self.on_cpu else f"cuda:{torch.cuda.current_device()}"
+        super().__init__(Path(model_folder), lora=None, device=local, dtype=dtype,
+                         micro_batch_tokens=micro_batch_tokens, seed=seed)
+
+    def _place(self, model: Any) -> Any:
+        """The Hugging Face model -> this rank's GPTModel shard (the HF copy is dropped)."""
+        problem = unsupported(model.config, self.tp)
+        if problem:
+            raise ValueError(problem)
+        self.layout = Layout.of(model.config, self.tp)
+        self.pieces: list[Piece] = pieces(self.layout)
+        full = dict(model.state_dict())
+        self.server_shapes = {name: (tuple(p.shape), p.dtype)
+                              for name, p in model.named_parameters()}
+        gpt = build_gpt(model.config, self.layout, self.dtype, self.on_cpu)
+        gpt.load_state_dict({p.megatron: shard(p, full, self.layout, self.tp_rank)
+                             for p in self.pieces}, strict=True)
+        gpt.to(self.device)
+        gpt.eval()
+        return gpt
+
+    # ---- the forward pass over a split vocabulary ------------------------------------------
+
+    def _logprobs(self, model: Any, data: Sequence[Datum]) -> tuple[torch.Tensor, torch.Tensor]:
+        width = max(len(d.model_input) for d in data)
+        input_ids = torch.zeros(len(data), width, dtype=torch.long)
+        for row, datum in enumerate(data):
+            input_ids[row, : len(datum.model_input)] = torch.tensor(datum.model_input)
+        positions = torch.arange(width).expand(len(data), width)
+        causal = torch.ones(1, 1, width, width, dtype=torch.bool)  # unread: see SdpaAttention
+        logits_BTV = model(input_ids.to(self.device), positions.to(self.device),
+                           causal.to(self.device)).float()
+        first = self.tp_rank * logits_BTV.shape[-1]
+        padding = torch.arange(first, first + logits_BTV.shape[-1], device=self.device) \
+            >= self.layout.vocab
+        logits_BTV = logits_BTV.masked_fill(padding, _NEG)
+        targets_BT = stack(data, "target_tokens").long().to(self.device)
+        # A copy, always: Megatron's cross entropy overwrites its input with probabilities, and
+        # a transpose of a one-row batch is already contiguous (no copy of its own).
+        logits_TBV = logits_BTV.transpose(0, 1).clone(memory_format=torch.contiguous_format)
+        loss_TB = tensor_parallel.vocab_parallel_cross_entropy(
+            logits_TBV, targets_BT.transpose(0, 1).contiguous(), tp_group=self.tp_group)
+        return -loss_TB.transpose(0, 1), logits_BTV
+
+    def _entropy(self, logits_BTV: torch.Tensor) -> torch.Tensor:
+        """H = logsumexp(z) - sum_v p_v z_v, each sum over the vocabulary split across ranks."""
+        top_BT = logits_BTV.max(dim=-1).values
+        dist.all_reduce(top_BT, op=dist.ReduceOp.MAX, group=self.tp_group)
+        scaled_BTV = (logits_BTV - top_BT[..., None]).exp()
+        sums = torch.stack([scaled_BTV.sum(-1), (scaled_BTV * logits_BTV).sum(-1)])
+        dist.all_reduce(sums, group=self.tp_group)
+        return sums[0].log() + top_BT - sums[1] / sums[0]
+
+    def _clip_gradients(self, limit: float) -> float:
+        """Sum gradients over data-parallel copies, then clip by the global norm."""
+        grads = [p.grad for p in self.params.values() if p.grad is not None]
+        if dist.get_world_size(self.dp_group) > 1:
+            for grad in grads:
+                dist.all_reduce(grad, group=self.dp_group)
+        sharded = torch.zeros((), dtype=torch.float64, device=self.device)
+        replicated = torch.zeros((), dtype=torch.float64, device=self.device)
+        for param in self.params.values():
+            if param.grad is None:
+                continue
+            square = param.grad.double().pow(2).sum()
+            if getattr(param, "tensor_model_parallel", False):
+                sharded += square
+            else:
+                replicated += square  # the same on every TP rank: counted once
+        dist.all_reduce(sharded, group=self.tp_group)
+        norm = math.sqrt(float(sharded + replicated))
+        scale = min(1.0, limit / (norm + 1e-6))
+        if scale < 1.0:
+            for grad in grads:
+                grad.mul_(scale)
+        return norm
+
+    # ---- whole tensors out, by Hugging Face names -------------------------------------------
+
+    def _gathered(self, local: dict[str, torch.Tensor | None]) -> Iterator[
+            tuple[Piece, dict[str, torch.Tensor]]]:
+        """Each piece's full HF tensors from `local` shards (by Megatron name), one piece at a
+        time; every rank takes part, the TP group's ranks all receive them."""
+        for piece in self.pieces:
+            tensor = local.get(piece.megatron)
+            if tensor is None:
+                continue
+            if piece.kind == "replicated":
+                yield piece, unshard(piece, [tensor.detach().cpu()], self.layout)
+                continue
+            shards = [torch.empty_like(tensor) for _ in range(self.tp)]
+            dist.all_gather(shards, tensor.detach().contiguous(), group=self.tp_group)
+            yield piece, unshard(piece, [s.cpu() for s in shards], self.layout)
+
+    def full_tensors(self, kind: str) -> dict[str, torch.Tensor] | None:
+        """Rank 0: every parameter (`params`) or gradient (`grads`), whole, by HF names."""
+        local = {name: p if kind == "params" else p.grad for name, p in self.params.items()}
+        out: dict[str, torch.Tensor] = {}
+        for _, tensors in self._gathered(local):
+            out.update(tensors)
+        return out if self.rank == 0 else None
+
+    def gather_for_sampler(self, version: int) -> WeightUpdate | None:
+        """Each tensor gathered and written into rank 0's shared-memory file in turn."""
+        from skyrl_agent.trainers.weight_sync import SharedWeights
+
+        started = time.perf_counter()
+        if self._shared is None and self.rank == 0:
+            remove_orphans()
+            self._shared = SharedWeights(new_weights_path(), {
+                name: torch.empty(shape, dtype=dtype, device="meta")
+                for name, (shape, dtype) in self.server_shapes.items()})
+        for _, tensors in self._gathered(dict(self.params)):
+            if self._shared is not None:
+                for name, tensor in tensors.items():
+                    self._shared.views[name].copy_(tensor)
+        if self._shared is None:
+            return None
+        return WeightUpdate(self._shared.path, version, self._shared.nbytes,
+                            time.perf_counter() - started)
+
+    def export(self, target: Path) -> None:
+        weights = self.full_tensors("params")
+        if weights is not None:
+            model = load_causal_lm(self.model_folder, self.dtype, torch.device("cpu"), None)
+            model.load_state_dict(weights, strict=False)  # a tied head is the embedding
+            export_model(model, self.model_folder, Path(target))
+        dist.barrier()
+
+    # ---- checkpoints in the one-process form -----------------------------------------------
+
+    def save_state(self, path: Path, data_position: int = 0) -> None:
+        weights = self.full_tensors("params")
+        moments: dict[str, dict[str, Any]] = {}
+        for key in ("exp_avg", "exp_avg_sq"):
+            local = {name: self.optimizer.state.get(p, {}).get(key)
+                     for name, p in self.params.items()}
+            for piece, tensors in self._gathered(local):
+                step = self.optimizer.state[self.params[piece.megatron]]["step"]
+                for name, tensor in tensors.items():
+                    moments.setdefault(name, {"step": step})[key] = tensor
+        rngs: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(rngs, rng_state())
+        if weights is not None:
+            group = {k: v for k, v in self.optimizer.state_dict()["param_groups"][0].items()
+                     if k != "params"}
+            optimizer = {"state": moments, "param_groups": [{**group, "params": list(weights)}]}
+            with atomic_folder(Path(path), replace=True) as staging:
+                save_file({n: t.contiguous() for n, t in weights.items()},
+                          staging / "weights.safetensors")
+                torch.save({"optimizer": optimizer, "rng": rngs}, staging / "optimizer.pt")
+                (staging / "state.json").write_text(json.dumps(
+                    {"step": self.step, "data_position": data_position}))
+        dist.barrier()
+
+    def load_state(self, path: Path, optimizer: bool = True) -> TrainingState:
+        """Every rank reads the checkpoint and cuts its own shards (one machine, one disk)."""
+        path = Path(path)
+        needed = {name for piece in self.pieces for name in piece.hf}
+        with safe_open(path / "weights.safetensors", framework="pt") as saved:
+            missing = needed - set(saved.keys())
+        if missing:
+            raise ValueError(f"{path} does not fit this model: {len(missing)} parameters "
+                             f"missing, e.g. {sorted(missing)[0]}")
+        weights = load_file(path / "weights.safetensors")
+        with torch.no_grad():
+            for piece in self.pieces:
+                self.params[piece.megatron].copy_(shard(piece, weights, self.layout,
+                                                        self.tp_rank))
+        state = json.loads((path / "state.json").read_text())
+        self.optimizer.state.clear()
+        self.optimizer.zero_grad(set_to_none=True)
+        if not optimizer:
+            return TrainingState(step=self.step, data_position=int(state["data_position"]))
+        saved_state = torch.load(path / "optimizer.pt", weights_only=False)
+        named = saved_state["optimizer"]["state"]
+        if any(not isinstance(name, str) for name in named):
+            raise ValueError(f"{path} holds an optimizer state without parameter names (an "
+                             f"older checkpoint): resume it with trainer.backend=torch")
+        for piece in self.pieces:
+            entries = [named.get(name) for name in piece.hf]
+            if any(entry is None for entry in entries):
+                continue
+            moments = {key: shard(piece, {n: e[key] for n, e in zip(piece.hf, entries,
+                                                                     strict=True)},
+                                  self.layout, self.tp_rank).to(self.device)
+                       for key in ("exp_avg", "exp_avg_sq")}
+            self.optimizer.state[self.params[piece.megatron]] = {
+                "step": entries[0]["step"].clone(), **moments}
+        set_rng_state(saved_state["rng"], self.rank)
+        self.step = int(state["step"])
+        return TrainingState(step=self.step, data_position=int(state["data_position"]))
