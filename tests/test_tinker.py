@@ -52,6 +52,24 @@ def logprobs_of(client, sequences: list[list[int]]) -> list[np.ndarray]:
 
 
 def test_sdk_trains_every_loss_saves_loads_and_samples_the_trained_weights(service):
+    trains_every_loss_saves_loads_and_samples(service)
+
+
+def test_the_same_through_fsdp_ranks(char_dir, tmp_path):
+    """`tinker-serve --backend fsdp`: each LoRA model sharded over two FSDP2 ranks."""
+    process = start_server([f"tiny={char_dir}"], tmp_path / "data", tmp_path / "server.log",
+                           extra=["--backend", "fsdp", "--data-parallel", "2"])
+    try:
+        client = tinker.ServiceClient(base_url=process.url, api_key=process.api_key)
+        try:
+            trains_every_loss_saves_loads_and_samples(client)
+        finally:
+            client.close("success").result()
+    finally:
+        process.stop()
+
+
+def trains_every_loss_saves_loads_and_samples(service) -> None:
     client = service.create_lora_training_client(base_model="tiny", rank=8, seed=1).result()
     assert client.get_info().lora_rank == 8
     tokenizer = client.get_tokenizer()  # the SDK loads it offline from the folder get_info names
@@ -341,6 +359,7 @@ def test_bodies_are_bounded_by_the_largest_request_the_sdk_sends(server):
     (["--api-key", "not-a-tinker-key"], "--api-key must start with tml-"),
     (["--model", "a=smollm2-135m", "--model", "a=smollm2-135m"], "--model 'a' given twice"),
     (["--model", "=x"], "give NAME=FOLDER"),
+    (["--tensor-parallel", "2"], "tensor_parallel=2 needs backend=megatron"),
 ])
 def test_tinker_serve_bad_input_is_one_error_line(argv, message, tmp_path):
     import subprocess

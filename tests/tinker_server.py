@@ -29,8 +29,9 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def server_argv(models: list[str], data_dir: Path, port: int = 0) -> list[str]:
-    argv = [CLI, "tinker-serve", "--port", str(port), "--data-dir", str(data_dir)]
+def server_argv(models: list[str], data_dir: Path, port: int = 0,
+                extra: list[str] | None = None) -> list[str]:
+    argv = [CLI, "tinker-serve", "--port", str(port), "--data-dir", str(data_dir), *(extra or [])]
     for model in models:
         argv += ["--model", model]
     return argv
@@ -41,9 +42,10 @@ def server_key(data_dir: Path) -> str:
     return (data_dir / "api-key").read_text().strip()
 
 
-def start_server(models: list[str], data_dir: Path, log: Path, port: int = 0) -> ServerProcess:
+def start_server(models: list[str], data_dir: Path, log: Path, port: int = 0,
+                 extra: list[str] | None = None) -> ServerProcess:
     """A started server; its `api_key` is the one it made (read from its data dir)."""
-    process = ServerProcess(server_argv(models, data_dir, port),
+    process = ServerProcess(server_argv(models, data_dir, port, extra),
                             env={**os.environ, **SDK_ENV}, log_path=log, startup_timeout_s=120)
     process.start()
     process.api_key = server_key(data_dir)

@@ -26,6 +26,13 @@ def tinker_serve(
         = None,
     micro_batch_tokens: Annotated[int, typer.Option(
         min=16, help="Padded tokens per micro-batch of forward_backward.")] = 2048,
+    backend: Annotated[str, typer.Option(
+        help="Training backend of each model: torch (one process), fsdp (FSDP2 shards over "
+             "--data-parallel ranks) or megatron (tensor parallel, no LoRA).")] = "torch",
+    data_parallel: Annotated[int, typer.Option(
+        min=1, help="fsdp/megatron: ranks (fsdp) or model copies (megatron) per model.")] = 1,
+    tensor_parallel: Annotated[int, typer.Option(
+        min=1, help="megatron: ranks each model's layers are split over.")] = 1,
     max_batch_size: Annotated[int, typer.Option(
         min=1, help="Sequences each sampler decodes together.")] = 32,
     api_key: Annotated[str | None, typer.Option(
@@ -43,15 +50,34 @@ def tinker_serve(
     if api_key and not api_key.startswith(TINKER_KEY_PREFIX):
         raise ConfigError(f"--api-key must start with {TINKER_KEY_PREFIX} (the tinker SDK "
                           "refuses other keys)")
+    _check_backend(backend, data_parallel, tensor_parallel)
     options = ServiceOptions(data_dir=data_dir or cache_dir() / "tinker",
                              models=tuple(model or ["smollm2-135m"]),
-                             micro_batch_tokens=micro_batch_tokens,
+                             micro_batch_tokens=micro_batch_tokens, backend=backend,
+                             data_parallel=data_parallel, tensor_parallel=tensor_parallel,
                              max_batch_size=max_batch_size)
     BaseModels(list(options.models))  # bad names fail here, before torch is imported
     key = api_key or _own_key(options.data_dir)
     from skyrl_agent.tinker.server import run
 
     run(options, key, host, port)
+
+
+def _check_backend(backend: str, data_parallel: int, tensor_parallel: int) -> None:
+    """The same rules as the trainer section of a run config, in one line."""
+    from pydantic import ValidationError
+
+    from skyrl_agent.config import TrainerConfig
+    from skyrl_agent.errors import ConfigError
+
+    try:
+        TrainerConfig.model_validate({"backend": backend, "data_parallel": data_parallel,
+                                      "tensor_parallel": tensor_parallel})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(map(str, first["loc"]))
+        raise ConfigError(f"--backend {backend}: {where + ': ' if where else ''}"
+                          f"{first['msg'].removeprefix('Value error, ')}") from None
 
 
 def _own_key(data_dir: Path) -> str:

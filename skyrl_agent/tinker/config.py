@@ -23,6 +23,11 @@ class ServiceOptions:
     models: tuple[str, ...]
     """Base models: NAME=FOLDER, a folder, or a built-in name."""
     micro_batch_tokens: int = 2048
+    backend: str = "torch"
+    """Each training model's backend (trainer.backend's choices)."""
+    data_parallel: int = 1
+    tensor_parallel: int = 1
+    """Ranks of a sharded backend (as trainer.data_parallel and trainer.tensor_parallel)."""
     max_batch_size: int = 32
     """Sequences each sampler decodes together."""
     poll_s: float = 30.0

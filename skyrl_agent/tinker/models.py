@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from skyrl_agent.tinker.config import BaseInfo
+from skyrl_agent.tinker.config import BaseInfo, ServiceOptions
 from skyrl_agent.tinker.errors import TinkerUserError
 from skyrl_agent.tinker.ordering import SeqOrder
 from skyrl_agent.tinker.store import ModelSpec
@@ -53,12 +53,16 @@ class TrainingModel:
 
 
 def make_backend(base: BaseInfo, spec: ModelSpec, seed: int | None,
-                 micro_batch_tokens: int) -> Any:
-    """A torch backend for `spec` (heavy imports here, on the worker thread)."""
-    from skyrl_agent.trainers.torch_backend import TorchBackend
+                 options: ServiceOptions) -> Any:
+    """The server's backend for `spec` (heavy imports here, on the worker thread)."""
+    from skyrl_agent.config import TrainerConfig
+    from skyrl_agent.trainers.settings import build_backend
     from skyrl_agent.trainers.torch_model import LoraSettings
 
     lora = None if spec.lora_rank is None else LoraSettings(
         rank=spec.lora_rank, alpha=spec.lora_alpha, target_modules=spec.target_modules)
-    return TorchBackend(base.folder, lora=lora, seed=seed or 0,
-                        micro_batch_tokens=micro_batch_tokens)
+    trainer = TrainerConfig.model_validate({
+        "backend": options.backend, "data_parallel": options.data_parallel,
+        "tensor_parallel": options.tensor_parallel,
+        "micro_batch_tokens": options.micro_batch_tokens})
+    return build_backend(base.folder, trainer, lora, seed or 0)

@@ -192,7 +192,7 @@ class TinkerService:
     def _add_model(self, model_id: str, spec: ModelSpec, seed: int | None) -> TrainingModel:
         """On the worker thread: load the backend and register the model."""
         base = self.bases.get(spec.base_model)
-        backend = make_backend(base, spec, seed, self.options.micro_batch_tokens)
+        backend = make_backend(base, spec, seed, self.options)
         model = TrainingModel(model_id, spec, base, backend, SeqOrder(next_seq=1))
         self.models[model_id] = model
         log.info("model %s: %s", model_id, training.describe(spec))

@@ -28,11 +28,11 @@ from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
-    set_model_state_dict,
     set_optimizer_state_dict,
 )
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.tensor import distribute_tensor
 
 from skyrl_agent.atomic import atomic_folder
 from skyrl_agent.inference.weight_files import new_weights_path, remove_orphans
@@ -51,7 +51,7 @@ from skyrl_agent.trainers.weight_sync import SharedWeights
 
 _GATHERED = StateDictOptions(full_state_dict=True, cpu_offload=True)
 """Full tensors on rank 0 (in CPU memory), nothing on the other ranks."""
-_SCATTERED = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
+_SCATTERED = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
 """Full tensors read by rank 0 and sent to every rank's shard."""
 
 
@@ -109,9 +109,14 @@ class FsdpRank(TorchBackend):
         dist.broadcast_object_list(problem, src=0)
         if problem[0]:
             raise ValueError(problem[0])  # on every rank alike: none waits in a collective
-        weights: dict[str, Any] = load_file(path / "weights.safetensors") \
-            if self.rank == 0 else {}
-        set_model_state_dict(self.model, weights, options=_SCATTERED)
+        weights = load_file(path / "weights.safetensors") if self.rank == 0 else {}
+        with torch.no_grad():
+            for name, param in self.params.items():
+                # Rank 0's full tensor, scattered into every rank's shard (others pass a blank).
+                sharded: Any = param  # a DTensor parameter
+                source = weights[name] if self.rank == 0 else torch.empty(param.shape)
+                param.copy_(distribute_tensor(source.to(param.dtype), sharded.device_mesh,
+                                              sharded.placements))
         state = json.loads((path / "state.json").read_text())
         if not optimizer:
             self.optimizer.state.clear()

@@ -3,6 +3,8 @@ loss config and the optimizer settings. Loops, `sft` and `train` all build them 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from skyrl_agent.config import RunConfig, TrainerConfig
 from skyrl_agent.errors import ConfigError
 from skyrl_agent.trainers.backend import AdamParams, TrainerBackend
@@ -66,24 +68,30 @@ def make_backend(config: RunConfig, model: str | None = None) -> TrainerBackend:
     trainer = config.trainer
     lora = LoraSettings(rank=trainer.lora_rank, alpha=trainer.lora_alpha) \
         if trainer.lora_rank else None
-    folder = resolve_model(model or config.inference.model)
+    return build_backend(resolve_model(model or config.inference.model), trainer, lora,
+                         config.seed)
+
+
+def build_backend(folder: Path, trainer: TrainerConfig, lora: LoraSettings | None,
+                  seed: int) -> TrainerBackend:
+    """`trainer.backend` over the model in `folder`."""
     if trainer.backend == "megatron":
         from skyrl_agent.trainers.megatron.backend import MegatronBackend
 
         return MegatronBackend(folder, tensor_parallel=trainer.tensor_parallel,
                                data_parallel=trainer.data_parallel, lora=lora,
                                dtype=trainer.dtype,
-                               micro_batch_tokens=trainer.micro_batch_tokens, seed=config.seed)
+                               micro_batch_tokens=trainer.micro_batch_tokens, seed=seed)
     if trainer.backend == "fsdp":
         from skyrl_agent.trainers.fsdp_backend import FsdpBackend
 
         return FsdpBackend(folder, world_size=trainer.data_parallel, lora=lora,
                            dtype=trainer.dtype, micro_batch_tokens=trainer.micro_batch_tokens,
-                           seed=config.seed)
+                           seed=seed)
     from skyrl_agent.trainers.torch_backend import TorchBackend
 
     return TorchBackend(folder, lora=lora, dtype=trainer.dtype,
-                        micro_batch_tokens=trainer.micro_batch_tokens, seed=config.seed)
+                        micro_batch_tokens=trainer.micro_batch_tokens, seed=seed)
 
 
 def describe_backend(trainer: TrainerConfig) -> str:
