@@ -45,7 +45,8 @@ def _guard_tier(items, marker: str, why: str | None, require_variable: str) -> N
 
 
 LONGEST_FILES = ("test_harbor", "test_rollout_job", "test_ray", "test_tinker_cookbook",
-                 "test_train", "test_agents_e2e", "test_learning", "test_recipe",
+                 "test_train", "test_learning", "test_sharded_backends", "test_agents_e2e",
+                 "test_recipe",
                  "test_inference_server", "test_audit", "test_sandbox_security", "test_swe_mini")
 """Files that take the longest (measured with --durations), handed to parallel workers first so
 no long file starts last and leaves the other worker idle."""

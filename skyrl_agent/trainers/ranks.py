@@ -6,6 +6,10 @@ inside a torch process group, then serves calls: the driver sends every rank a c
 it (collectives inside), and the driver waits for every reply. An error in one rank is raised
 in the driver; a rank that dies ends the whole group, since its peers would wait for it forever.
 
+Calls and results travel as plain pickles: multiprocessing's own pickler would hand tensors over
+as shared memory, so a result would keep changing with the rank's live tensors (a gradient the
+driver read, scaled in place by the next clip).
+
 The group meets through a file store in a private folder, not a TCP store: nobody else on the
 machine can join it. On CPU the ranks talk over gloo on the loopback interface, on GPUs over
 NCCL, one GPU per rank.
@@ -17,11 +21,13 @@ import contextlib
 import importlib
 import logging
 import os
+import pickle
 import shutil
 import tempfile
 import threading
 import time
 import traceback
+import warnings
 from collections.abc import Sequence
 from multiprocessing import get_context
 from multiprocessing.connection import Connection, wait
@@ -77,7 +83,7 @@ class RankGroup:
             raise RankError("the trainer ranks were closed")
         for connection, rank_args in zip(self._connections, args, strict=True):
             try:
-                connection.send((method, rank_args))
+                _send(connection, (method, rank_args))
             except (BrokenPipeError, ConnectionResetError):
                 self._lost()
         return self._collect()
@@ -97,7 +103,7 @@ class RankGroup:
                 if item in waiting:
                     rank = waiting[item]
                     try:
-                        replies[rank] = self._connections[rank].recv()
+                        replies[rank] = _receive(self._connections[rank])
                     except (EOFError, ConnectionResetError):
                         self._lost()
             if not any(item in waiting for item in ready):
@@ -126,7 +132,7 @@ class RankGroup:
         self._closed = True
         for connection in self._connections:
             with contextlib.suppress(OSError):
-                connection.send((STOP, ()))
+                _send(connection, (STOP, ()))
         deadline = time.monotonic() + timeout
         for process in self._processes:
             process.join(max(0.0, deadline - time.monotonic()))
@@ -142,6 +148,7 @@ def _serve(rank: int, world_size: int, store: str, device: str, engine: str,
            settings: dict[str, Any], connection: Connection, parent: int) -> None:
     """A rank's whole life: join the group, build the engine, answer calls until told to stop."""
     _exit_with(parent)
+    _quiet_libraries()
     import torch
     import torch.distributed as dist
 
@@ -158,26 +165,43 @@ def _serve(rank: int, world_size: int, store: str, device: str, engine: str,
         served = getattr(importlib.import_module(module), name)(
             rank=rank, world_size=world_size, device=device, **settings)
     except BaseException as error:  # noqa: BLE001 - the driver reports it
-        connection.send(("error", _described(error)))
+        _send(connection, ("error", _described(error)))
         return
-    connection.send(("ok", None))
+    _send(connection, ("ok", None))
     try:
         while True:
             try:
-                method, args = connection.recv()
+                method, args = _receive(connection)
             except (EOFError, OSError):
                 break  # the driver is gone
             if method == STOP:
                 break
             try:
-                connection.send(("ok", getattr(served, method)(*args)))
+                _send(connection, ("ok", getattr(served, method)(*args)))
             except Exception as error:  # noqa: BLE001 - the driver reports it
-                connection.send(("error", _described(error)))
+                _send(connection, ("error", _described(error)))
     finally:
         closing = getattr(served, "close", None)
         if closing is not None:
             closing()
         dist.destroy_process_group()
+
+
+def _quiet_libraries() -> None:
+    """Ranks share the terminal with the run's own progress display: known, harmless notices
+    (megatron-core's optional kernels and its GPTModel deprecation, torch's CUDA probe on a
+    machine without CUDA) stay out of it. Errors still come through."""
+    warnings.filterwarnings("ignore", module=r"megatron\.")
+    for name in ("megatron", "torch.utils.cpp_extension"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def _send(connection: Connection, message: Any) -> None:
+    connection.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _receive(connection: Connection) -> Any:
+    return pickle.loads(connection.recv_bytes())
 
 
 def _described(error: BaseException) -> tuple[str, str, str]:
