@@ -274,3 +274,47 @@ def test_megatron_data_parallel_copies_sum_their_gradients(char_model):
     finally:
         backend.close()
 
+
+
+def test_ctrl_c_reaches_the_driver_alone_and_no_rank_outlives_it(char_model):
+    """Ctrl-C signals the whole process group. Stops: ranks that die mid-call on it, each
+    printing its own traceback over the run's output, instead of being stopped by the driver."""
+    import subprocess
+    import sys
+    import time
+
+    script = (
+        "import time\n"
+        "from skyrl_agent.trainers.fsdp_backend import FsdpBackend\n"
+        f"backend = FsdpBackend({str(char_model)!r}, world_size=2)\n"
+        "print(' '.join(str(p.pid) for p in backend._ranks._processes), flush=True)\n"
+        "try:\n"
+        "    time.sleep(120)\n"
+        "except KeyboardInterrupt:\n"
+        "    print('driver interrupted', flush=True)\n"
+        "    backend.close()\n")
+    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert process.stdout is not None
+        ranks = [int(pid) for pid in process.stdout.readline().split()]
+        assert len(ranks) == 2
+        time.sleep(0.5)
+        os.killpg(process.pid, signal.SIGINT)
+        out, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert "driver interrupted" in out
+    assert "KeyboardInterrupt" not in err, err
+    deadline = time.monotonic() + 10
+    while any(_running(pid) for pid in ranks) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_running(pid) for pid in ranks)
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"  # an exited rank its parent has not reaped yet is gone all the same

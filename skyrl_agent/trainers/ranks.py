@@ -23,6 +23,7 @@ import logging
 import os
 import pickle
 import shutil
+import signal
 import tempfile
 import threading
 import time
@@ -147,6 +148,10 @@ class RankGroup:
 def _serve(rank: int, world_size: int, store: str, device: str, engine: str,
            settings: dict[str, Any], connection: Connection, parent: int) -> None:
     """A rank's whole life: join the group, build the engine, answer calls until told to stop."""
+    # Ctrl-C reaches the whole process group: the driver decides what happens to its ranks
+    # (it stops them, or they end with it), so a rank neither dies mid-collective nor prints a
+    # traceback of its own.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _exit_with(parent)
     _quiet_libraries()
     import torch
