@@ -246,6 +246,11 @@ class TrainerConfig(_Section):
             raise ValueError(f"tensor_parallel={self.tensor_parallel} needs backend=megatron")
         return self
 
+    @property
+    def rank_count(self) -> int:
+        """Rank processes (or Ray actors) the backend starts; 0 for the one-process backend."""
+        return 0 if self.backend == "torch" else self.data_parallel * self.tensor_parallel
+
 
 class RayConfig(_Section):
     """Placement on a Ray cluster (`train --ray`): where the parts of a run live, not what it
@@ -259,6 +264,9 @@ class RayConfig(_Section):
     """Collector actors (sandbox fan-out); the collector bounds apply to each."""
     trainer_cpus: float = Field(default=1.0, gt=0)
     """CPUs the trainer actor reserves (Ray also sets its thread count from this)."""
+    rank_cpus: float = Field(default=1.0, gt=0)
+    """CPUs each trainer rank actor reserves (`fsdp`, `megatron`: one actor per rank, rank 0 on
+    the driver's node, the others wherever the cluster has room)."""
     server_cpus: float = Field(default=1.0, gt=0)
     """CPUs each inference server actor reserves."""
 

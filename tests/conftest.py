@@ -44,7 +44,8 @@ def _guard_tier(items, marker: str, why: str | None, require_variable: str) -> N
             item.add_marker(pytest.mark.skip(reason=why))
 
 
-LONGEST_FILES = ("test_harbor", "test_rollout_job", "test_ray", "test_tinker_cookbook",
+LONGEST_FILES = ("test_harbor", "test_rollout_job", "test_ray", "test_ray_cluster",
+                 "test_tinker_cookbook",
                  "test_train", "test_learning", "test_sharded_backends", "test_agents_e2e",
                  "test_recipe",
                  "test_inference_server", "test_audit", "test_sandbox_security", "test_swe_mini")

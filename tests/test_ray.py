@@ -7,9 +7,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
+from functools import partial
 from pathlib import Path
 
 import pytest
+import torch
 
 from skyrl_agent.config import load_config
 from skyrl_agent.data.run_dir import RunDir
@@ -92,9 +95,11 @@ def test_a_ray_run_stores_the_same_run_dir_as_one_process(model, work_root, tmp_
     state = json.loads((Checkpoints(tmp_path / "ray").latest() / "loop.json").read_text())
     assert state["step"] == 3 and len(set(state["trained"])) == len(state["trained"]) == 6
 
-    # Nor is the backend: it goes on on Ray again, its trainer actor driving two Megatron ranks.
+    # Nor is the backend: it goes on on Ray again, its trainer actor driving two Megatron rank
+    # actors.
     megatron = settings(model, work_root, "ray.address=auto", "trainer.max_steps=4",
-                        "trainer.backend=megatron", "trainer.tensor_parallel=2")
+                        "trainer.backend=megatron", "trainer.tensor_parallel=2",
+                        "ray.rank_cpus=0.25")
     again = asyncio.run(TrainJob(megatron, tmp_path / "ray", resume=True,
                                  placement=ray_placement()).run())
     assert [r.step for r in again] == [3]
@@ -150,3 +155,40 @@ def test_a_cluster_without_room_is_refused_in_one_line(model, work_root, tmp_pat
                  "--set", f"sandbox.work_root={work_root}", "--steps", "1")
     assert_one_line_error(result, "free CPUs", "ray.trainer_cpus")
     assert not (tmp_path / "run" / "config.json").exists()  # nothing started, nothing written
+
+
+def test_rank_actors_train_like_rank_processes_and_a_lost_one_ends_the_group(model, local_ray):
+    """Stops: a rendezvous that loses or mixes up keys (the group never forms, or forms wrong),
+    results that differ from rank processes', rank 0 away from the servers' node (their
+    shared-memory weights would be out of reach), and a dead rank actor that leaves the driver
+    waiting for its peer's collective."""
+    from skyrl_agent.distributed.ranks import RayRankGroup
+    from skyrl_agent.trainers.megatron.backend import MegatronBackend
+    from skyrl_agent.trainers.ranks import RankError
+    from tests.test_sharded_backends import ADAM, batch
+
+    processes = MegatronBackend(model, tensor_parallel=2, micro_batch_tokens=24)
+    actors = MegatronBackend(model, tensor_parallel=2, micro_batch_tokens=24,
+                             ranks=partial(RayRankGroup, cpus=0.5))
+    try:
+        group = actors._ranks
+        here = ray.get_runtime_context().get_node_id()
+        assert ray.get(group._actors[0].node_id.remote()) == here
+        for step in range(2):
+            expected = processes.forward_backward(batch(step), "ppo")
+            got = actors.forward_backward(batch(step), "ppo")
+            assert got.loss == expected.loss and got.logprobs == expected.logprobs
+            assert actors.optim_step(ADAM).metrics == processes.optim_step(ADAM).metrics
+        mine, theirs = actors.full_tensors("params"), processes.full_tensors("params")
+        assert all(torch.equal(mine[name], theirs[name]) for name in theirs)
+
+        ray.kill(group._actors[1])
+        started = time.monotonic()
+        with pytest.raises(RankError, match="trainer rank 1 was lost"):
+            actors.forward(batch(3))
+        assert time.monotonic() - started < 60
+        with pytest.raises(RankError, match="closed"):
+            actors.forward(batch(3))
+    finally:
+        actors.close()
+        processes.close()

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -76,6 +77,19 @@ def test_no_trained_token_is_older_than_the_bound(model, work_root, tmp_path, mo
         assert name.encode() in logged, name
 
 
+def assert_nothing_lost_or_repeated(run_dir: Path, steps: int, groups: int, stored_before: int):
+    """A resumed run reached `steps` having trained `groups` groups, each once and none it
+    dropped; it kept every stored sample and stored none twice. Its state and samples."""
+    state = json.loads((Checkpoints(run_dir).latest() / "loop.json").read_text())
+    assert state["step"] == steps
+    assert len(set(state["trained"])) == len(state["trained"]) == groups
+    assert not set(state["trained"]) & set(state["dropped"])
+    stored = TrajectoryStore(run_dir).load().trajectories
+    assert len(stored) >= stored_before  # nothing lost
+    assert len({(t.task_id, t.sample_index) for t in stored}) == len(stored)  # none twice
+    return state, stored
+
+
 def test_kill_9_then_resume_loses_and_repeats_nothing(model, work_root, tmp_path):
     run_dir = tmp_path / "run"
     args = ["train", "--agent", "answer", "--tasks", "toy", "--n", "8", "--steps", "6",
@@ -103,13 +117,7 @@ def test_kill_9_then_resume_loses_and_repeats_nothing(model, work_root, tmp_path
     assert resumed.returncode == 0, resumed.stderr
     assert "resume from" in resumed.stdout and "FSDP2 over 2 rank processes" in resumed.stdout
     assert (run_dir / "curves" / "reward.png").is_file() and "curves:" in resumed.stdout
-    state = json.loads((Checkpoints(run_dir).latest() / "loop.json").read_text())
-    assert state["step"] == 6
-    assert len(set(state["trained"])) == len(state["trained"]) == 6
-    assert not set(state["trained"]) & set(state["dropped"])
-    stored = TrajectoryStore(run_dir).load().trajectories
-    assert len(stored) >= stored_before  # nothing lost
-    assert len({(t.task_id, t.sample_index) for t in stored}) == len(stored)  # none twice
+    state, stored = assert_nothing_lost_or_repeated(run_dir, 6, 6, stored_before)
     positions = {t.sample_index // 8 for t in stored}
     assert set(state["trained"]) | set(state["dropped"]) <= positions
     # The killed run's sandboxes are reaped; one still dying when the resumed run started is

@@ -6,12 +6,14 @@ The same protocols as one process (trainers/workers.py), each part behind an act
     RouterActor                       the one InferenceClient: sticky routing and load counts
                                       for every collector's sessions
     ServerActor x inference.num_servers   an embedded model server each
-    TrainerActor                      the trainer backend (torch)
+    TrainerActor                      the trainer backend's driver (the whole model with torch)
+    RankActor x ranks                 fsdp / megatron: one trainer rank each (ranks.py)
     StoreActor                        the run's single TrajectoryStore writer
 
-Weights travel through shared memory, so the trainer, the servers and the router are placed on
-the driver's node; the collectors go wherever the cluster has room (spread). Imported only when
-a run asks for Ray: Ray is an optional extra.
+Weights travel through shared memory, so the trainer, its rank 0, the servers and the router are
+placed on the driver's node; the collectors and the other ranks go wherever the cluster has room
+(the ranks need the model and run dir at the same paths on every node). Imported only when a run
+asks for Ray: Ray is an optional extra.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -169,12 +170,15 @@ class CollectorActor:
 
 
 class TrainerActor:
-    """The trainer backend, in its own process."""
+    """The trainer backend, in its own process; a sharded backend's ranks are actors of their
+    own (distributed/ranks.py)."""
 
     def __init__(self, config: RunConfig) -> None:
+        from skyrl_agent.distributed.ranks import RayRankGroup
         from skyrl_agent.trainers.settings import make_backend
 
-        self.backend = make_backend(config)
+        self.backend = make_backend(config, ranks=partial(RayRankGroup,
+                                                          cpus=config.ray.rank_cpus))
 
     def step(self) -> int:
         return self.backend.step

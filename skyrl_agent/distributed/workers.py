@@ -75,11 +75,14 @@ def connect(config: RunConfig) -> bool:
 
 def _check_room(config: RunConfig) -> None:
     """Actors that can never be placed would wait forever: refuse them with one line."""
-    needed = config.ray.trainer_cpus + config.inference.num_servers * config.ray.server_cpus
+    placed = config.ray
+    needed = (placed.trainer_cpus + config.inference.num_servers * placed.server_cpus
+              + config.trainer.rank_count * placed.rank_cpus)
     here = ray.available_resources().get("CPU", 0.0)
     if here < needed:
         raise UserError(f"the Ray cluster has {here:g} free CPUs; this run reserves {needed:g} "
-                        "(ray.trainer_cpus + inference.num_servers x ray.server_cpus)")
+                        "(ray.trainer_cpus + inference.num_servers x ray.server_cpus + trainer "
+                        "ranks x ray.rank_cpus)")
 
 
 class RemoteBackend:
@@ -88,41 +91,55 @@ class RemoteBackend:
 
     def __init__(self, actor: Any) -> None:
         self.actor = actor
-        self.step: int = ray.get(actor.step.remote())
+        self.step: int = ray.get(actor.step.remote())  # a failed start: ray_workers says why
 
     def forward(self, data: Sequence[Datum]) -> list[tuple[float, ...]]:
-        result: list[tuple[float, ...]] = ray.get(self.actor.forward.remote(list(data)))
+        result: list[tuple[float, ...]] = _trained(self.actor.forward.remote(list(data)))
         return result
 
     def forward_backward(self, data: Sequence[Datum], loss_fn: str,
                          loss_fn_config: LossConfig | Mapping[str, Any] | None = None,
                          ) -> ForwardBackwardOutput:
-        out: ForwardBackwardOutput = ray.get(
+        out: ForwardBackwardOutput = _trained(
             self.actor.forward_backward.remote(list(data), loss_fn, loss_fn_config))
         return out
 
     def optim_step(self, adam: AdamParams) -> OptimStepOutput:
-        out: OptimStepOutput = ray.get(self.actor.optim_step.remote(adam))
+        out: OptimStepOutput = _trained(self.actor.optim_step.remote(adam))
         self.step = out.step
         return out
 
     def save_state(self, path: Path, data_position: int = 0) -> None:
-        ray.get(self.actor.save_state.remote(path, data_position))
+        _trained(self.actor.save_state.remote(path, data_position))
 
     def load_state(self, path: Path, optimizer: bool = True) -> TrainingState:
-        state: TrainingState = ray.get(self.actor.load_state.remote(path, optimizer))
+        state: TrainingState = _trained(self.actor.load_state.remote(path, optimizer))
         self.step = state.step
         return state
 
     def save_weights_for_sampler(self, version: int) -> WeightUpdate:
-        update: WeightUpdate = ray.get(self.actor.save_weights_for_sampler.remote(version))
+        update: WeightUpdate = _trained(self.actor.save_weights_for_sampler.remote(version))
         return update
 
     def export(self, target: Path) -> None:
-        ray.get(self.actor.export.remote(target))
+        _trained(self.actor.export.remote(target))
 
     def close(self) -> None:
-        ray.get(self.actor.close.remote())
+        _trained(self.actor.close.remote())
+
+
+def _trained(ref: Any) -> Any:
+    """The trainer actor's result; a run-stopping error inside it (its ranks lost) or its own
+    death stops the run in one line."""
+    try:
+        return ray.get(ref)
+    except RayTaskError as exc:
+        if isinstance(exc.cause, RunStopped):
+            raise exc.cause from None
+        raise
+    except RayActorError as exc:
+        raise RunStopped(f"the trainer's Ray actor died ({exc.__class__.__name__}); "
+                         "checkpoints and stored samples are kept for --resume") from exc
 
 
 class RemoteCollectors:
@@ -148,7 +165,9 @@ class RemoteCollectors:
                 await ref
             raise
         except RayActorError as exc:
-            raise RunStopped(f"a collector actor died ({exc.__class__.__name__})") from exc
+            raise RunStopped(f"a collector actor died ({exc.__class__.__name__}: its process or "
+                             f"its node died); checkpoints and stored samples are kept for "
+                             f"--resume") from exc
         finally:
             self.running[chosen] -= 1
 

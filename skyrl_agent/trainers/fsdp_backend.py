@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from skyrl_agent.trainers.ranks import StartRanks
 from skyrl_agent.trainers.sharded import ShardedBackend
 from skyrl_agent.trainers.torch_model import LoraSettings, pick_device
 
@@ -20,14 +21,15 @@ class FsdpBackend(ShardedBackend):
 
     def __init__(self, model_folder: Path, *, world_size: int = 2,
                  lora: LoraSettings | None = None, device: str | None = None,
-                 dtype: str = "auto", micro_batch_tokens: int = 2048, seed: int = 0) -> None:
+                 dtype: str = "auto", micro_batch_tokens: int = 2048, seed: int = 0,
+                 ranks: StartRanks | None = None) -> None:
         self.model_folder = Path(model_folder)
         self.lora = lora
         kind = pick_device(device).type
-        if kind == "cuda" and torch.cuda.device_count() < world_size:
+        if kind == "cuda" and ranks is None and torch.cuda.device_count() < world_size:
             raise ValueError(f"{world_size} FSDP ranks need {world_size} GPUs, "
                              f"{torch.cuda.device_count()} visible")
         super().__init__("skyrl_agent.trainers.fsdp_rank:FsdpRank", data_parallel=world_size,
                          model_parallel=1, device=kind, micro_batch_tokens=micro_batch_tokens,
                          settings={"model_folder": str(self.model_folder), "lora": lora,
-                                   "dtype": dtype, "seed": seed})
+                                   "dtype": dtype, "seed": seed}, ranks=ranks)

@@ -119,9 +119,11 @@ class AsyncLoop:
         self._outstanding.running.pop(position, None)
         if task.cancelled():
             return
-        if task.exception() is not None:
-            log.error("group %d failed", position, exc_info=task.exception())
-            self._fail = task.exception()
+        failure = task.exception()
+        if failure is not None:
+            if not isinstance(failure, RunStopped):  # a stop is told once, in one line, by main
+                log.error("group %d failed", position, exc_info=failure)
+            self._fail = failure
         else:
             self._outstanding.ready[position] = task.result()
         self._notify()

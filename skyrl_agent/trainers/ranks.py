@@ -29,11 +29,13 @@ import threading
 import time
 import traceback
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from multiprocessing import get_context
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+from skyrl_agent.errors import RunStopped
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +47,36 @@ class RankError(RuntimeError):
     """A rank failed or died; the group is closed."""
 
 
-class RankGroup:
+class RanksLost(RankError, RunStopped):
+    """A rank's process (or its machine) died: the run stops in one line, its checkpoints and
+    stored samples kept for --resume."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        RunStopped.__init__(self, message, exit_code)
+
+
+class Ranks(Protocol):
+    """What a sharded backend's driver needs of its ranks, wherever they run."""
+
+    world_size: int
+
+    def call(self, method: str, *args: Any) -> list[Any]:
+        """Every rank runs `method(*args)`; their results in rank order."""
+        return self.call_each(method, [args] * self.world_size)
+
+    def call_each(self, method: str, args: Sequence[tuple[Any, ...]]) -> list[Any]:
+        """Rank r runs `method(*args[r])`; their results in rank order."""
+        ...
+
+    def close(self) -> None: ...
+
+
+StartRanks = Callable[[int, str, str, dict[str, Any]], Ranks]
+"""Starts `world_size` ranks serving `engine` on `device` with `settings` (RankGroup itself, or
+one actor per rank on Ray: distributed/ranks.py)."""
+
+
+class RankGroup(Ranks):
     """`world_size` rank processes serving `engine`'s methods."""
 
     def __init__(self, world_size: int, engine: str, device: str,
@@ -53,6 +84,7 @@ class RankGroup:
         if world_size < 1:
             raise ValueError(f"a rank group needs at least one rank, got {world_size}")
         self.world_size = world_size
+        quiet_libraries()  # a Megatron rank's tensors unpickle through megatron-core's reducer
         self._folder = Path(tempfile.mkdtemp(prefix="skyrl-agent-ranks-"))
         self._closed = False
         context = get_context("spawn")  # a fork of a threaded process may hold a lock forever
@@ -74,12 +106,7 @@ class RankGroup:
             self.close()
             raise
 
-    def call(self, method: str, *args: Any) -> list[Any]:
-        """Every rank runs `method(*args)`; their results in rank order."""
-        return self.call_each(method, [args] * self.world_size)
-
     def call_each(self, method: str, args: Sequence[tuple[Any, ...]]) -> list[Any]:
-        """Rank r runs `method(*args[r])`; their results in rank order."""
         if self._closed:
             raise RankError("the trainer ranks were closed")
         for connection, rank_args in zip(self._connections, args, strict=True):
@@ -109,22 +136,14 @@ class RankGroup:
                         self._lost()
             if not any(item in waiting for item in ready):
                 self._lost()
-        failures = [(rank, reply[1]) for rank, reply in sorted(replies.items())
-                    if reply[0] == "error"]
-        if failures:
-            rank, (kind, message, trace) = failures[0]
-            log.debug("trainer rank %d failed:\n%s", rank, trace)
-            if kind == "ValueError":  # bad input: the same error the one-process backend raises
-                raise ValueError(message)
-            raise RankError(f"trainer rank {rank} failed: {kind}: {message}")
-        return [replies[rank][1] for rank in range(self.world_size)]
+        return results(replies, self.world_size)
 
     def _lost(self) -> None:
         codes = {rank: p.exitcode for rank, p in enumerate(self._processes)
                  if p.exitcode is not None}
         self.close()
         died = ", ".join(f"rank {rank} (exit code {code})" for rank, code in codes.items())
-        raise RankError(f"trainer ranks lost: {died or 'a pipe broke'}; the backend is closed")
+        raise RanksLost(f"trainer ranks lost: {died or 'a pipe broke'}; the backend is closed")
 
     def close(self, timeout: float = 30.0) -> None:
         """Stop every rank (asked first, then killed) and remove the group's folder."""
@@ -153,24 +172,13 @@ def _serve(rank: int, world_size: int, store: str, device: str, engine: str,
     # traceback of its own.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _exit_with(parent)
-    _quiet_libraries()
-    import torch
     import torch.distributed as dist
 
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
-    backend = "nccl" if device.startswith("cuda") else "gloo"
-    if backend == "gloo":
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    else:
-        torch.cuda.set_device(rank % torch.cuda.device_count())
     try:
-        dist.init_process_group(backend, store=dist.FileStore(store, world_size), rank=rank,
-                                world_size=world_size)
-        module, name = engine.split(":")
-        served = getattr(importlib.import_module(module), name)(
-            rank=rank, world_size=world_size, device=device, **settings)
+        served = start_rank(rank, world_size, dist.FileStore(store, world_size), device,
+                            engine, settings)
     except BaseException as error:  # noqa: BLE001 - the driver reports it
-        _send(connection, ("error", _described(error)))
+        _send(connection, ("error", described(error)))
         return
     _send(connection, ("ok", None))
     try:
@@ -181,18 +189,66 @@ def _serve(rank: int, world_size: int, store: str, device: str, engine: str,
                 break  # the driver is gone
             if method == STOP:
                 break
-            try:
-                _send(connection, ("ok", getattr(served, method)(*args)))
-            except Exception as error:  # noqa: BLE001 - the driver reports it
-                _send(connection, ("error", _described(error)))
+            _send(connection, answer(served, method, args))
     finally:
-        closing = getattr(served, "close", None)
-        if closing is not None:
-            closing()
-        dist.destroy_process_group()
+        stop_rank(served)
 
 
-def _quiet_libraries() -> None:
+def start_rank(rank: int, world_size: int, store: Any, device: str, engine: str,
+               settings: dict[str, Any], interface: str = "lo", threads: int | None = None,
+               ) -> Any:
+    """Join the process group through `store` and build the rank's engine. Gloo (CPU) talks
+    over `interface`: the loopback unless the group spans machines. `threads`: torch's CPU
+    threads (default: this machine's cores shared by the ranks)."""
+    quiet_libraries()
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // world_size))
+    backend = "nccl" if device.startswith("cuda") else "gloo"
+    if backend == "gloo":
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", interface)
+    else:
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size)
+    module, name = engine.split(":")
+    return getattr(importlib.import_module(module), name)(
+        rank=rank, world_size=world_size, device=device, **settings)
+
+
+def answer(served: Any, method: str, args: tuple[Any, ...]) -> tuple[str, Any]:
+    """The rank's reply to one call: ("ok", result) or ("error", what went wrong)."""
+    try:
+        return "ok", getattr(served, method)(*args)
+    except Exception as error:  # noqa: BLE001 - the driver reports it
+        return "error", described(error)
+
+
+def stop_rank(served: Any) -> None:
+    """Release what the engine holds outside the process (shared memory), leave the group."""
+    import torch.distributed as dist
+
+    closing = getattr(served, "close", None)
+    if closing is not None:
+        closing()
+    dist.destroy_process_group()
+
+
+def results(replies: dict[int, tuple[str, Any]], world_size: int) -> list[Any]:
+    """Every rank's result in rank order, or the first failure raised: a ValueError (bad
+    input) as itself, like the one-process backend, anything else as a RankError."""
+    failures = [(rank, reply[1]) for rank, reply in sorted(replies.items())
+                if reply[0] == "error"]
+    if failures:
+        rank, (kind, message, trace) = failures[0]
+        log.debug("trainer rank %d failed:\n%s", rank, trace)
+        if kind == "ValueError":
+            raise ValueError(message)
+        raise RankError(f"trainer rank {rank} failed: {kind}: {message}")
+    return [replies[rank][1] for rank in range(world_size)]
+
+
+def quiet_libraries() -> None:
     """Ranks share the terminal with the run's own progress display: known, harmless notices
     (megatron-core's optional kernels and its GPTModel deprecation, torch's CUDA probe on a
     machine without CUDA) stay out of it. Errors still come through."""
@@ -209,7 +265,7 @@ def _receive(connection: Connection) -> Any:
     return pickle.loads(connection.recv_bytes())
 
 
-def _described(error: BaseException) -> tuple[str, str, str]:
+def described(error: BaseException) -> tuple[str, str, str]:
     return type(error).__name__, str(error), traceback.format_exc()
 
 

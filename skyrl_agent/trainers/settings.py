@@ -9,6 +9,7 @@ from skyrl_agent.config import RunConfig, TrainerConfig
 from skyrl_agent.errors import ConfigError
 from skyrl_agent.trainers.backend import AdamParams, TrainerBackend
 from skyrl_agent.trainers.loss import LossConfig
+from skyrl_agent.trainers.ranks import StartRanks
 from skyrl_agent.trainers.torch_model import LoraSettings
 
 GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp")
@@ -61,19 +62,21 @@ def adam_params(trainer: TrainerConfig, learning_rate: float | None = None) -> A
                       weight_decay=trainer.weight_decay, grad_clip_norm=trainer.grad_clip_norm)
 
 
-def make_backend(config: RunConfig, model: str | None = None) -> TrainerBackend:
-    """The configured backend over `model` (default: the model the inference server serves)."""
+def make_backend(config: RunConfig, model: str | None = None,
+                 ranks: StartRanks | None = None) -> TrainerBackend:
+    """The configured backend over `model` (default: the model the inference server serves);
+    a sharded backend's ranks started by `ranks` (default: processes of this one)."""
     from skyrl_agent.inference.models import resolve_model
 
     trainer = config.trainer
     lora = LoraSettings(rank=trainer.lora_rank, alpha=trainer.lora_alpha) \
         if trainer.lora_rank else None
     return build_backend(resolve_model(model or config.inference.model), trainer, lora,
-                         config.seed)
+                         config.seed, ranks)
 
 
 def build_backend(folder: Path, trainer: TrainerConfig, lora: LoraSettings | None,
-                  seed: int) -> TrainerBackend:
+                  seed: int, ranks: StartRanks | None = None) -> TrainerBackend:
     """`trainer.backend` over the model in `folder`."""
     if trainer.backend == "megatron":
         from skyrl_agent.trainers.megatron.backend import MegatronBackend
@@ -81,13 +84,14 @@ def build_backend(folder: Path, trainer: TrainerConfig, lora: LoraSettings | Non
         return MegatronBackend(folder, tensor_parallel=trainer.tensor_parallel,
                                data_parallel=trainer.data_parallel, lora=lora,
                                dtype=trainer.dtype,
-                               micro_batch_tokens=trainer.micro_batch_tokens, seed=seed)
+                               micro_batch_tokens=trainer.micro_batch_tokens, seed=seed,
+                               ranks=ranks)
     if trainer.backend == "fsdp":
         from skyrl_agent.trainers.fsdp_backend import FsdpBackend
 
         return FsdpBackend(folder, world_size=trainer.data_parallel, lora=lora,
                            dtype=trainer.dtype, micro_batch_tokens=trainer.micro_batch_tokens,
-                           seed=seed)
+                           seed=seed, ranks=ranks)
     from skyrl_agent.trainers.torch_backend import TorchBackend
 
     return TorchBackend(folder, lora=lora, dtype=trainer.dtype,

@@ -1,11 +1,12 @@
 """A backend whose model lives in rank processes: the driver every sharded backend shares.
 
-The driver starts one process per rank (`ranks.RankGroup`), splits every batch over the
-data-parallel groups by tokens, and merges what they return into the outputs the one-process
-backend gives. Ranks of one data-parallel group (the tensor-parallel ranks of one model copy)
-get the same rows and return the same results: the driver reads the group's first rank. Within a
-rank, rows go through micro-batches as in `TorchBackend`; a group with fewer micro-batches than
-its peers runs stand-ins (zero loss), since each forward and backward takes every rank.
+The driver starts one process per rank (`ranks.RankGroup`; on Ray, one actor per rank), splits
+every batch over the data-parallel groups by tokens, and merges what they return into the
+outputs the one-process backend gives. Ranks of one data-parallel group (the tensor-parallel
+ranks of one model copy) get the same rows and return the same results: the driver reads the
+group's first rank. Within a rank, rows go through micro-batches as in `TorchBackend`; a group
+with fewer micro-batches than its peers runs stand-ins (zero loss), since each forward and
+backward takes every rank.
 """
 
 from __future__ import annotations
@@ -26,20 +27,22 @@ from skyrl_agent.trainers.backend import (
 )
 from skyrl_agent.trainers.loss import LossConfig
 from skyrl_agent.trainers.passes import checked_call, merge_passes, micro_batches, split_by_tokens
-from skyrl_agent.trainers.ranks import RankGroup
+from skyrl_agent.trainers.ranks import RankGroup, StartRanks
 
 
 class ShardedBackend:
     """A TrainerBackend over rank processes serving `engine` (a TorchBackend subclass)."""
 
     def __init__(self, engine: str, *, data_parallel: int, model_parallel: int, device: str,
-                 micro_batch_tokens: int, settings: dict[str, Any]) -> None:
+                 micro_batch_tokens: int, settings: dict[str, Any],
+                 ranks: StartRanks | None = None) -> None:
         self.data_parallel = data_parallel
         self.model_parallel = model_parallel
         self.micro_batch_tokens = micro_batch_tokens
         self.step = 0
-        self._ranks = RankGroup(data_parallel * model_parallel, engine, device,
-                                {**settings, "micro_batch_tokens": micro_batch_tokens})
+        start = ranks or RankGroup  # rank processes of this one, unless told otherwise (Ray)
+        self._ranks = start(data_parallel * model_parallel, engine, device,
+                            {**settings, "micro_batch_tokens": micro_batch_tokens})
 
     # ---- Tinker primitives -----------------------------------------------------------------
 

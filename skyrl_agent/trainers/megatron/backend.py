@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from skyrl_agent.trainers.ranks import StartRanks
 from skyrl_agent.trainers.sharded import ShardedBackend
 from skyrl_agent.trainers.torch_model import LoraSettings, pick_device
 
@@ -33,7 +34,8 @@ class MegatronBackend(ShardedBackend):
 
     def __init__(self, model_folder: Path, *, tensor_parallel: int = 2, data_parallel: int = 1,
                  lora: LoraSettings | None = None, device: str | None = None,
-                 dtype: str = "auto", micro_batch_tokens: int = 2048, seed: int = 0) -> None:
+                 dtype: str = "auto", micro_batch_tokens: int = 2048, seed: int = 0,
+                 ranks: StartRanks | None = None) -> None:
         self.model_folder = Path(model_folder)
         if lora is not None:
             raise ValueError("LoRA is not available with trainer.backend=megatron yet; use "
@@ -42,12 +44,12 @@ class MegatronBackend(ShardedBackend):
         if problem:
             raise ValueError(problem)
         kind = pick_device(device).type
-        ranks = tensor_parallel * data_parallel
-        if kind == "cuda" and torch.cuda.device_count() < ranks:
-            raise ValueError(f"{ranks} Megatron ranks need {ranks} GPUs, "
+        count = tensor_parallel * data_parallel
+        if kind == "cuda" and ranks is None and torch.cuda.device_count() < count:
+            raise ValueError(f"{count} Megatron ranks need {count} GPUs, "
                              f"{torch.cuda.device_count()} visible")
         super().__init__("skyrl_agent.trainers.megatron.rank:MegatronRank",
                          data_parallel=data_parallel, model_parallel=tensor_parallel,
                          device=kind, micro_batch_tokens=micro_batch_tokens,
                          settings={"model_folder": str(self.model_folder), "tp": tensor_parallel,
-                                   "lora": None, "dtype": dtype, "seed": seed})
+                                   "lora": None, "dtype": dtype, "seed": seed}, ranks=ranks)
