@@ -19,8 +19,8 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 pytest.importorskip("ray")
 pytest.importorskip("megatron.core")
 
-RANK = "ray::RankActor"
-"""The title Ray gives a rank actor's process."""
+RANK, COLLECTOR = "ray::RankActor", "ray::CollectorActor"
+"""The titles Ray gives a rank actor's and a collector actor's processes."""
 
 
 def test_a_worker_node_killed_mid_run_stops_it_and_resume_goes_on_exactly(tmp_path):
@@ -49,6 +49,8 @@ def test_a_worker_node_killed_mid_run_stops_it_and_resume_goes_on_exactly(tmp_pa
                   first, 600)
         hosts = [node for node in cluster.workers if cluster.running(node, RANK)]
         assert len(hosts) == 1 and cluster.running(cluster.head, RANK) == 1, first.output()
+        # Collectors spread over the nodes: sandboxes run on the workers too.
+        assert sum(cluster.running(node, COLLECTOR) for node in cluster.workers) >= 1
         hosts[0].get_wrapped_container().kill()
 
         assert first.wait(240) == 1, first.output()
