@@ -87,6 +87,10 @@ def _node(network: Network, shared: Path, token: str, command: list[str]) -> Doc
     node = (DockerContainer(BASE_IMAGE)
             .with_network(network)
             .with_env("RAY_AUTH_MODE", "token").with_env("RAY_AUTH_TOKEN", token)
+            # A lost node is noticed in seconds, not Ray's default of about a minute.
+            .with_env("RAY_health_check_period_ms", "1000")
+            .with_env("RAY_health_check_timeout_ms", "1000")
+            .with_env("RAY_health_check_failure_threshold", "3")
             .with_env("PATH", f"{VENV / 'bin'}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin")
             .with_volume_mapping(str(base), str(base), "ro")
             .with_volume_mapping(str(VENV), str(VENV), "ro")

@@ -192,3 +192,8 @@ def test_rank_actors_train_like_rank_processes_and_a_lost_one_ends_the_group(mod
     finally:
         actors.close()
         processes.close()
+
+    # A node that cannot see the model is named in one line, before any rank loads anything.
+    with pytest.raises(ValueError, match=r"rank 0 \(node .*\) cannot read the model folder"):
+        RayRankGroup(2, "skyrl_agent.trainers.megatron.rank:MegatronRank", "cpu",
+                     {"model_folder": str(model / "elsewhere")}, cpus=0.5)

@@ -37,13 +37,25 @@ def test_a_worker_node_killed_mid_run_stops_it_and_resume_goes_on_exactly(tmp_pa
     train = ["skyrl-agent", "train", "--output", str(run_dir), *placement]
     # The head holds the driver, the trainer actor, one server and rank 0 (3 CPUs: full); the
     # other Megatron rank must go to a worker.
+    run = ["--agent", "answer", "--tasks", "toy", "--n", "4", "--set", "inference.max_tokens=8",
+           "--set", "inference.num_servers=1", "--set", "trainer.groups_per_step=2",
+           "--set", "trainer.backend=megatron", "--set", "trainer.tensor_parallel=2"]
     with ray_cluster(shared, head_cpus=3, workers=2) as cluster:
+        # A model only the head has: the parts on the workers (a collector's tokenizer, rank 1)
+        # cannot load it, and the run says so in one line.
+        lonely = "/tmp/model-on-the-head-only"
+        assert cluster.head.exec(["cp", "-r", str(model), lonely])[0] == 0
+        refused = cluster.start(cluster.head, [
+            "skyrl-agent", "train", "--output", str(shared / "refused"), *placement, *run,
+            "--steps", "1", "--set", f"inference.model={lonely}"], shared / "refused.log")
+        assert refused.wait(300) == 1, refused.output()
+        [stopped] = [line for line in refused.output().splitlines() if "stopped:" in line]
+        assert lonely in stopped, stopped
+        assert "Traceback" not in refused.output()
+
         first = cluster.start(cluster.head, [
-            *train, "--agent", "answer", "--tasks", "toy", "--n", "4", "--steps", "5",
-            "--set", f"inference.model={model}", "--set", "inference.max_tokens=8",
-            "--set", "inference.num_servers=1", "--set", "trainer.groups_per_step=2",
+            *train, *run, "--steps", "5", "--set", f"inference.model={model}",
             "--set", "trainer.learning_rate=3e-2", "--set", "trainer.checkpoint_every=1",
-            "--set", "trainer.backend=megatron", "--set", "trainer.tensor_parallel=2",
         ], shared / "first.log")
         _wait_for(lambda: (Checkpoints(run_dir).latest() or run_dir).name >= "step-000002",
                   first, 600)

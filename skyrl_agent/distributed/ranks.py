@@ -24,6 +24,7 @@ import logging
 import pickle
 import socket
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -32,6 +33,7 @@ import torch.distributed as dist
 from ray.exceptions import GetTimeoutError, RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from skyrl_agent.distributed import ANYWHERE_RESTARTS
 from skyrl_agent.trainers.ranks import (
     RankError,
     Ranks,
@@ -153,6 +155,9 @@ class RankActor:
     def node_id(self) -> str:
         return str(ray.get_runtime_context().get_node_id())
 
+    def is_folder(self, path: str) -> bool:
+        return Path(path).is_dir()
+
     def start(self, rank: int, world_size: int, rendezvous: Any, device: str, engine: str,
               settings: dict[str, Any], spans_machines: bool, threads: int) -> bytes:
         try:
@@ -199,12 +204,14 @@ class RayRankGroup(Ranks):
         gpus = 1 if device.startswith("cuda") else 0
         self._actors = [rank_actor.options(
             num_cpus=cpus, num_gpus=gpus, scheduling_strategy=here if rank == 0 else "DEFAULT",
+            max_restarts=0 if rank == 0 else ANYWHERE_RESTARTS,
         ).remote() for rank in range(world_size)]
         try:
             addresses = self._gather([a.node_address.remote() for a in self._actors],
                                      start_timeout, f"placed ({cpus:g} CPUs each)")
             log.info("trainer ranks on Ray nodes: %s",
                      ", ".join(f"rank {r} at {a}" for r, a in enumerate(addresses)))
+            self._check_model_visible(settings.get("model_folder"), addresses)
             spans = len(set(addresses)) > 1
             started = self._gather(
                 [actor.start.remote(rank, world_size, self._rendezvous, device, engine,
@@ -215,6 +222,18 @@ class RayRankGroup(Ranks):
         except BaseException:
             self.close()
             raise
+
+    def _check_model_visible(self, folder: str | None, addresses: list[str]) -> None:
+        """Ranks load the model themselves: one on a node without it is refused in one line."""
+        if folder is None:
+            return
+        sees = ray.get([actor.is_folder.remote(folder) for actor in self._actors])
+        for rank, seen in enumerate(sees):
+            if not seen:
+                raise ValueError(
+                    f"trainer rank {rank} (node {addresses[rank]}) cannot read the model folder "
+                    f"{folder}: every node needs the model and the run dir at the same paths "
+                    f"(a shared file system)")
 
     def call_each(self, method: str, args: Sequence[tuple[Any, ...]]) -> list[Any]:
         if self._closed:

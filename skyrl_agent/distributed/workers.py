@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,7 @@ from skyrl_agent.agents.base import Agent
 from skyrl_agent.collector.model import session_config, watched
 from skyrl_agent.config import RunConfig
 from skyrl_agent.data.run_dir import RunDir
+from skyrl_agent.distributed import ANYWHERE_RESTARTS
 from skyrl_agent.distributed.actors import (
     CollectorActor,
     RouterActor,
@@ -126,6 +128,12 @@ class RemoteBackend:
 
     def close(self) -> None:
         _trained(self.actor.close.remote())
+
+
+def _last_line(error: Exception) -> str:
+    """What a Ray error's own traceback ends with (the error the actor raised)."""
+    lines = [line.strip() for line in re.sub(r"\x1b\[[0-9;]*m", "", str(error)).splitlines()]
+    return next((line for line in reversed(lines) if line), type(error).__name__)
 
 
 def _trained(ref: Any) -> Any:
@@ -238,10 +246,20 @@ class _Actors:
             save_server_keys(run_dir, urls, keys)
         self.router = self.spawn(RouterActor, 0, here, urls, keys)
         settings = session_config(config, await self.router.max_model_len.remote())
-        self.collectors = [self.spawn(CollectorActor, 0, "SPREAD", config, agent_cls,
-                                      self.store, self.router, run_dir, settings)
-                           for _ in range(placed.collectors)]
-        await asyncio.gather(*[c.ping.remote() for c in self.collectors])
+
+        def collector() -> Any:
+            return self.spawn(CollectorActor, 0, "SPREAD", config, agent_cls, self.store,
+                              self.router, run_dir, settings)
+
+        self.collectors = [collector() for _ in range(placed.collectors)]
+        for attempt in range(1 + ANYWHERE_RESTARTS):
+            pings = await asyncio.gather(*[c.ping.remote() for c in self.collectors],
+                                         return_exceptions=True)
+            lost = [i for i, ping in enumerate(pings) if isinstance(ping, RayActorError)]
+            if lost and attempt == ANYWHERE_RESTARTS:
+                raise pings[lost[0]]
+            for i in lost:  # placed on a node that had just died: once more, elsewhere
+                self.collectors[i] = collector()
 
     async def stop(self) -> None:
         """Stop what holds resources outside Ray (sandboxes, shared memory, server processes,
@@ -280,7 +298,7 @@ async def ray_workers(config: RunConfig, run_dir: Path, agent_cls: type[Agent],
             await actors.start(config, run_dir, agent_cls)
             backend = await asyncio.to_thread(RemoteBackend, actors.trainer)
         except RayActorError as exc:
-            raise RunStopped(f"a Ray actor died while starting ({exc})") from exc
+            raise RunStopped(f"a Ray actor died while starting: {_last_line(exc)}") from exc
         log.info("on Ray: %d collector actors, %d server actors, a trainer and a store writer",
                  len(actors.collectors), len(actors.servers))
 
