@@ -25,12 +25,6 @@ from skyrl_agent.errors import UserError
 if TYPE_CHECKING:
     from skyrl_agent.trainers.workers import Placement
 
-ANYWHERE_RESTARTS = 1
-"""New starts of an actor that may go to any node (collectors, ranks but rank 0) when it is lost
-before it ever ran. Ray may place it on a node that died moments ago (it takes seconds to
-notice, as when a run is resumed right after losing one); the new start goes to a live node.
-An actor lost while the run uses it still stops the run."""
-
 
 def ray_placement() -> Placement:
     """The Ray placement, or one line saying how to install Ray."""

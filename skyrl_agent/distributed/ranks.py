@@ -33,7 +33,7 @@ import torch.distributed as dist
 from ray.exceptions import GetTimeoutError, RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from skyrl_agent.distributed import ANYWHERE_RESTARTS
+from skyrl_agent.distributed.restarts import ANYWHERE_RESTARTS
 from skyrl_agent.trainers.ranks import (
     RankError,
     Ranks,

@@ -25,7 +25,6 @@ from skyrl_agent.agents.base import Agent
 from skyrl_agent.collector.model import session_config, watched
 from skyrl_agent.config import RunConfig
 from skyrl_agent.data.run_dir import RunDir
-from skyrl_agent.distributed import ANYWHERE_RESTARTS
 from skyrl_agent.distributed.actors import (
     CollectorActor,
     RouterActor,
@@ -33,6 +32,7 @@ from skyrl_agent.distributed.actors import (
     StoreActor,
     TrainerActor,
 )
+from skyrl_agent.distributed.restarts import ANYWHERE_RESTARTS
 from skyrl_agent.errors import RunStopped, UserError
 from skyrl_agent.inference.auth import endpoint_key, save_server_keys
 from skyrl_agent.tasks.model import TaskSpec
