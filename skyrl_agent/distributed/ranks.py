@@ -211,7 +211,7 @@ class RayRankGroup(Ranks):
                                      start_timeout, f"placed ({cpus:g} CPUs each)")
             log.info("trainer ranks on Ray nodes: %s",
                      ", ".join(f"rank {r} at {a}" for r, a in enumerate(addresses)))
-            self._check_model_visible(settings.get("model_folder"), addresses)
+            self._check_model_visible(settings.get("model_folder"), addresses, start_timeout)
             spans = len(set(addresses)) > 1
             started = self._gather(
                 [actor.start.remote(rank, world_size, self._rendezvous, device, engine,
@@ -223,11 +223,13 @@ class RayRankGroup(Ranks):
             self.close()
             raise
 
-    def _check_model_visible(self, folder: str | None, addresses: list[str]) -> None:
+    def _check_model_visible(self, folder: str | None, addresses: list[str],
+                             timeout: float) -> None:
         """Ranks load the model themselves: one on a node without it is refused in one line."""
         if folder is None:
             return
-        sees = ray.get([actor.is_folder.remote(folder) for actor in self._actors])
+        sees = self._gather([actor.is_folder.remote(folder) for actor in self._actors],
+                            timeout, "asked for the model folder")
         for rank, seen in enumerate(sees):
             if not seen:
                 raise ValueError(
@@ -247,21 +249,22 @@ class RayRankGroup(Ranks):
     def _gather(self, refs: list[Any], timeout: float | None, doing: str) -> list[Any]:
         """Every ref's value; the first rank that dies closes the group at once (its peers may
         be waiting for it inside a collective)."""
+        values: dict[int, Any] = {}
         pending = list(refs)
         while pending:
             ready, pending = ray.wait(pending, num_returns=1, timeout=timeout)
             if not ready:
                 self.close()
                 raise RankError(f"the trainer ranks were not {doing} within {timeout:.0f} s")
+            rank = refs.index(ready[0])
             try:
-                ray.get(ready[0])
+                values[rank] = ray.get(ready[0])
             except RayActorError as error:
-                rank = refs.index(ready[0])
                 self.close(timeout=0.0)
                 raise RanksLost(f"trainer rank {rank} was lost ({type(error).__name__}: its "
                                 f"process or its node died); checkpoints and stored samples "
                                 f"are kept for --resume") from None
-        return list(ray.get(refs))
+        return [values[rank] for rank in range(len(refs))]
 
     def close(self, timeout: float = 30.0) -> None:
         """Stop every rank (asked first, then killed) and the rendezvous."""
