@@ -155,6 +155,10 @@ class InferenceConfig(_Section):
     num_servers: int = Field(default=1, gt=0)
     """Embedded servers to start (ignored with an endpoint); sessions stick to one server and
     new sessions go to the least busy."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Weights dtype of the embedded servers. bfloat16 halves their memory but samples with
+    other numerics than a float32 trainer: the logprob gap that off-policy correction and, for
+    MoE models, routing replay are for."""
 
 
 class CollectorConfig(_Section):
@@ -222,6 +226,12 @@ class TrainerConfig(_Section):
     """LoRA scaling numerator: adapters are scaled by lora_alpha / lora_rank."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """`auto`: bfloat16 on a GPU that has it, else float32."""
+    routing_replay: bool = False
+    """MoE models: Rollout Routing Replay (R3). The sampler returns the experts its routers
+    chose for every token; the trainer routes each token to those experts (gating weights from
+    its own router, so the router still learns) instead of choosing again, which keeps a
+    near-tie that flips between sampler and trainer numerics from changing the experts a
+    token's logprob is computed through."""
     max_steps: int = Field(default=10, gt=0)
     """Optimizer steps of a training run."""
     groups_per_step: int | None = Field(default=None, gt=0)
@@ -244,6 +254,9 @@ class TrainerConfig(_Section):
                              f"(the torch backend is one process)")
         if self.backend != "megatron" and self.tensor_parallel > 1:
             raise ValueError(f"tensor_parallel={self.tensor_parallel} needs backend=megatron")
+        if self.backend == "megatron" and self.routing_replay:
+            raise ValueError("routing_replay needs backend=torch or fsdp (the megatron backend "
+                             "builds dense Llama-layout models)")
         return self
 
     @property

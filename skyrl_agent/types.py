@@ -6,11 +6,15 @@ Token sequences are tuples of ints so that a recorded turn cannot change after t
 
 from __future__ import annotations
 
+import base64
 import enum
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
+
+import numpy as np
 
 
 class FinishReason(enum.StrEnum):
@@ -100,6 +104,77 @@ class Reward:
 
 
 @dataclass(frozen=True)
+class RoutedExperts:
+    """The experts a mixture-of-experts model's routers chose, for consecutive token positions
+    (Rollout Routing Replay: the trainer replays what the sampler chose).
+
+    Compact: ids are unsigned integers of `width` bytes in one buffer, row-major over
+    [tokens, layers, top_k]; 8 layers x top-8 over 128 experts is 64 bytes a token.
+    """
+
+    start: int
+    """Position of the first row within the sequence (its turn's prompt + completion)."""
+    layers: int
+    """MoE layers, in the model's order."""
+    top_k: int
+    """Experts chosen per token and layer (sorted by the router's weight, as it chose them)."""
+    ids: bytes
+    """The expert ids, little-endian."""
+    width: int = 1
+    """Bytes per id: 1 for up to 256 experts, else 2."""
+
+    def __post_init__(self) -> None:
+        if self.width not in (1, 2) or self.start < 0 or self.layers < 1 or self.top_k < 1:
+            raise ValueError(f"bad routed-experts header: start {self.start}, {self.layers} "
+                             f"layers, top-{self.top_k}, {self.width}-byte ids")
+        if len(self.ids) % (self.layers * self.top_k * self.width):
+            raise ValueError(f"{len(self.ids)} bytes of routed experts are not whole rows of "
+                             f"{self.layers} layers x top-{self.top_k}")
+
+    @property
+    def tokens(self) -> int:
+        return len(self.ids) // (self.layers * self.top_k * self.width)
+
+    @property
+    def end(self) -> int:
+        """The position after the last row."""
+        return self.start + self.tokens
+
+    def array(self) -> np.ndarray:
+        """[tokens, layers, top_k] expert ids."""
+        dtype = np.dtype("<u1" if self.width == 1 else "<u2")
+        return np.frombuffer(self.ids, dtype=dtype).reshape(self.tokens, self.layers, self.top_k)
+
+    @classmethod
+    def from_array(cls, experts_TLK: np.ndarray, start: int = 0) -> RoutedExperts:
+        if experts_TLK.ndim != 3:
+            raise ValueError(f"routed experts are [tokens, layers, top_k], got shape "
+                             f"{experts_TLK.shape}")
+        if experts_TLK.size and (experts_TLK.min() < 0 or experts_TLK.max() >= 1 << 16):
+            raise ValueError("expert ids must lie in [0, 65536)")
+        width = 1 if not experts_TLK.size or experts_TLK.max() < 256 else 2
+        data = np.ascontiguousarray(experts_TLK, dtype="<u1" if width == 1 else "<u2")
+        return cls(start, experts_TLK.shape[1], experts_TLK.shape[2], data.tobytes(), width)
+
+    def since(self, position: int) -> RoutedExperts:
+        """Only the rows from `position` on."""
+        skip = max(0, position - self.start)
+        row = self.layers * self.top_k * self.width
+        return RoutedExperts(self.start + skip, self.layers, self.top_k,
+                             self.ids[skip * row:], self.width)
+
+    def to_json(self) -> dict[str, Any]:
+        """The wire form: the header and base64 ids."""
+        return {"start": self.start, "layers": self.layers, "top_k": self.top_k,
+                "width": self.width, "ids": base64.b64encode(self.ids).decode()}
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> RoutedExperts:
+        return cls(int(value["start"]), int(value["layers"]), int(value["top_k"]),
+                   base64.b64decode(value["ids"], validate=True), int(value["width"]))
+
+
+@dataclass(frozen=True)
 class Turn:
     """One model call, recorded token-exactly: the ids the model saw and the ids it sampled."""
 
@@ -120,8 +195,10 @@ class Turn:
     """Unix time when the request was sent."""
     latency_s: float = 0.0
     """Seconds from request to last token."""
-    routed_experts: tuple[tuple[int, ...], ...] | None = None
-    """For MoE models with routing replay (R3): the experts chosen per sampled token."""
+    routed_experts: RoutedExperts | None = None
+    """For MoE models with routing replay (R3): the experts the sampler's routers chose for the
+    positions this turn added to its segment (rows `start` .. `end` of prompt + completion; the
+    last sampled token has none, since the sampler never ran the model on it)."""
     token_policy_versions: tuple[int, ...] | None = None
     """Per sampled token, the weight version that sampled it (differs within a turn when
     weights were updated mid-generation); `policy_version` is the oldest of them."""

@@ -227,7 +227,7 @@ def test_prefix_cache_lru_and_longest_match():
     kv = [(torch.zeros(1, 1, 40, 2), torch.zeros(1, 1, 40, 2))]
     cache.store(list(range(40)), kv)
     cache.store(list(range(10)), [(t[:, :, :10], t[:, :, :10]) for t, _ in kv])  # covered: skipped
-    matched, layers = cache.lookup([*range(30), 99])
+    matched, layers, _ = cache.lookup([*range(30), 99])
     assert matched == 30 and layers[0][0].shape[2] == 30
     assert cache.lookup(list(range(40)))[0] == 39  # the last prompt token always runs
     assert cache.lookup([99, 98, 97])[0] == 0

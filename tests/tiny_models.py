@@ -65,3 +65,30 @@ def tiny_llama_dir(folder: Path, tokenizer_dir: Path, max_positions: int = 512) 
     LlamaForCausalLM(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+def char_moe_dir(folder: Path, seed: int = 0, hidden: int = 32, layers: int = 2,
+                 experts: int = 8, top_k: int = 2) -> Path:
+    """Save a random Qwen3-MoE over the character tokenizer into `folder`: every layer a sparse
+    MoE block (`experts` experts, `top_k` routed per token), the layout of Qwen3-30B-A3B."""
+    import torch
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    tokenizer = char_tokenizer()
+    torch.manual_seed(seed)
+    config = Qwen3MoeConfig(vocab_size=len(tokenizer), hidden_size=hidden,
+                            intermediate_size=2 * hidden, moe_intermediate_size=hidden,
+                            num_hidden_layers=layers, num_attention_heads=4,
+                            num_key_value_heads=2, head_dim=hidden // 4, num_experts=experts,
+                            num_experts_per_tok=top_k, norm_topk_prob=True,
+                            max_position_embeddings=1024, eos_token_id=tokenizer.eos_token_id,
+                            pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True)
+    model = Qwen3MoeForCausalLM(config)
+    with torch.no_grad():  # transformers starts routers at zero: every expert ties
+        for name, param in model.named_parameters():
+            if name.endswith("mlp.gate.weight"):
+                param.normal_(0.0, 0.5)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

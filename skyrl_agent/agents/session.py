@@ -21,7 +21,7 @@ from typing import Any
 
 from skyrl_agent.agents.rendering import ChatRenderer, Message
 from skyrl_agent.inference.client import Completion, CompletionClient, Sampling
-from skyrl_agent.types import FinishReason, Segment, Turn
+from skyrl_agent.types import FinishReason, RoutedExperts, Segment, Turn
 
 SUMMARY_PROMPT = (
     "Your context is almost full. Write a summary of your progress for yourself: what the task "
@@ -223,18 +223,34 @@ class LLMSession:
         async with self.limiter or contextlib.nullcontext():
             completion = await self.client.complete(prompt, sampling, session_id=self.session_id)
         n = len(completion.token_ids)
-        (segment or self._current).turns.append(Turn(
+        turns = (segment or self._current).turns
+        turns.append(Turn(
             prompt_ids=tuple(prompt), completion_ids=completion.token_ids,
             completion_logprobs=completion.logprobs, loss_mask=(1,) * n,
             policy_version=completion.policy_version,
             finish_reason=FinishReason.STOP if completion.finish_reason == "stop"
             else FinishReason.LENGTH,
             started_at=started, latency_s=completion.latency_s,
-            token_policy_versions=completion.token_policy_versions))
+            token_policy_versions=completion.token_policy_versions,
+            routed_experts=_new_routing(turns, prompt, completion)))
         return completion
 
     def close(self) -> None:
         self.client.end_session(self.session_id)
+
+
+def _new_routing(turns: list[Turn], prompt: list[int],
+                 completion: Completion) -> RoutedExperts | None:
+    """The completion's MoE routing from the first position the segment has none for yet: the
+    rows earlier turns recorded are not stored twice (a segment's routing stays O(tokens))."""
+    routing = completion.routed_experts
+    if routing is None or not turns:
+        return routing
+    previous = turns[-1]
+    history = previous.prompt_ids + previous.completion_ids
+    if previous.routed_experts is None or tuple(prompt[: len(history)]) != history:
+        return routing
+    return routing.since(previous.routed_experts.end)
 
 
 def differing_tokens(a: list[int], b: list[int]) -> int:

@@ -68,7 +68,7 @@ def embedded_servers(config: RunConfig, run_dir: Path) -> list[ServerProcess]:
     from skyrl_agent.inference.process import embedded_server
 
     count = config.inference.num_servers
-    return [embedded_server(config.inference.model,
+    return [embedded_server(config.inference.model, dtype=config.inference.dtype,
                             log_path=RunDir(run_dir).server_log_of(i, count))
             for i in range(count)]
 
@@ -101,7 +101,8 @@ async def model_sessions(config: RunConfig, run_dir: Path) -> AsyncIterator[Mode
             keys = [server.api_key for server in servers]
             save_server_keys(run_dir, urls, keys)
             log.info("embedded model server(s) ready at %s", ", ".join(urls))
-        async with InferenceClient(urls, api_keys=keys) as client:
+        async with InferenceClient(urls, api_keys=keys,
+                                   routed_experts=config.trainer.routing_replay) as client:
             settings = session_config(config, await client.max_model_len())
             yield ModelAccess(session_factory(client, tokenizer, settings), client, servers)
     finally:

@@ -12,7 +12,21 @@ from typing import Any
 
 import pyarrow as pa
 
-from skyrl_agent.types import FailureKind, FinishReason, Reward, Segment, Trajectory, Turn
+from skyrl_agent.types import (
+    FailureKind,
+    FinishReason,
+    Reward,
+    RoutedExperts,
+    Segment,
+    Trajectory,
+    Turn,
+)
+
+ROUTED_EXPERTS = pa.struct([
+    ("start", pa.int32()), ("layers", pa.int16()), ("top_k", pa.int16()), ("width", pa.int8()),
+    ("ids", pa.binary()),
+])
+"""R3 routing of a turn: the header and the packed expert ids (see types.RoutedExperts)."""
 
 TURN = pa.struct([
     ("prompt_ids", pa.list_(pa.int32())),
@@ -24,7 +38,7 @@ TURN = pa.struct([
     ("finish_reason", pa.string()),
     ("started_at", pa.float64()),
     ("latency_s", pa.float64()),
-    ("routed_experts", pa.list_(pa.list_(pa.int32()))),
+    ("routed_experts", ROUTED_EXPERTS),
 ])
 NUMBERS = pa.list_(pa.struct([("name", pa.string()), ("value", pa.float64())]))
 """A mapping of names to numbers as a list of (name, value) entries: Arrow's own map type is
@@ -59,8 +73,10 @@ def _turn_row(turn: Turn) -> dict[str, Any]:
         else list(turn.token_policy_versions),
         "finish_reason": turn.finish_reason.value, "started_at": turn.started_at,
         "latency_s": turn.latency_s,
-        "routed_experts": None if turn.routed_experts is None
-        else [list(e) for e in turn.routed_experts]}
+        "routed_experts": None if turn.routed_experts is None else {
+            "start": turn.routed_experts.start, "layers": turn.routed_experts.layers,
+            "top_k": turn.routed_experts.top_k, "width": turn.routed_experts.width,
+            "ids": turn.routed_experts.ids}}
 
 
 def to_row(t: Trajectory) -> dict[str, Any]:
@@ -85,8 +101,15 @@ def _turn(row: dict[str, Any]) -> Turn:
         loss_mask=tuple(row["loss_mask"]), policy_version=row["policy_version"],
         finish_reason=FinishReason(row["finish_reason"]), started_at=row["started_at"],
         latency_s=row["latency_s"],
-        routed_experts=None if experts is None else tuple(tuple(e) for e in experts),
+        routed_experts=_routed_experts(experts),
         token_policy_versions=None if versions is None else tuple(versions))
+
+
+def _routed_experts(value: Any) -> RoutedExperts | None:
+    if not isinstance(value, dict):  # none recorded (older shards held an unused list column)
+        return None
+    return RoutedExperts(value["start"], value["layers"], value["top_k"], value["ids"],
+                         value["width"])
 
 
 def from_row(row: dict[str, Any]) -> Trajectory:

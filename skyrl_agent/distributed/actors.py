@@ -39,8 +39,8 @@ if TYPE_CHECKING:  # only the trainer actor's process needs torch
 class ServerActor:
     """One embedded model server, a subprocess of this actor (it dies with the actor)."""
 
-    def __init__(self, model: str, log_path: Path) -> None:
-        self.server: ServerProcess = embedded_server(model, log_path=log_path)
+    def __init__(self, model: str, log_path: Path, dtype: str = "float32") -> None:
+        self.server: ServerProcess = embedded_server(model, log_path=log_path, dtype=dtype)
 
     def start(self) -> str:
         return self.server.start()
@@ -61,8 +61,9 @@ class RouterActor:
     """The run's one InferenceClient: every collector's sessions go through it, so a session
     sticks to one server and new sessions go to the least busy, whichever actor asks."""
 
-    def __init__(self, urls: Sequence[str], keys: Sequence[str | None] | None = None) -> None:
-        self.client = InferenceClient(urls, api_keys=keys)
+    def __init__(self, urls: Sequence[str], keys: Sequence[str | None] | None = None,
+                 routed_experts: bool = False) -> None:
+        self.client = InferenceClient(urls, api_keys=keys, routed_experts=routed_experts)
 
     async def complete(self, prompt_ids: Sequence[int], sampling: Sampling,
                        session_id: str | None = None) -> Completion:

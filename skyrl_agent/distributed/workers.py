@@ -236,7 +236,8 @@ class _Actors:
             count = config.inference.num_servers
             self.servers = [self.spawn(ServerActor, placed.server_cpus, here,
                                        config.inference.model,
-                                       RunDir(run_dir).server_log_of(i, count))
+                                       RunDir(run_dir).server_log_of(i, count),
+                                       config.inference.dtype)
                             for i in range(count)]
             try:
                 urls = list(await asyncio.gather(*[s.start.remote() for s in self.servers]))
@@ -244,7 +245,8 @@ class _Actors:
                 raise exc.cause from None
             keys = list(await asyncio.gather(*[s.api_key.remote() for s in self.servers]))
             save_server_keys(run_dir, urls, keys)
-        self.router = self.spawn(RouterActor, 0, here, urls, keys)
+        self.router = self.spawn(RouterActor, 0, here, urls, keys,
+                                 config.trainer.routing_replay)
         settings = session_config(config, await self.router.max_model_len.remote())
 
         def collector() -> Any:

@@ -22,6 +22,8 @@ from typing import Any, Protocol
 import aiohttp
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
+from skyrl_agent.types import RoutedExperts
+
 
 class InferenceError(Exception):
     """The server refused a request (4xx), failed it (5xx), or never answered (status 0)."""
@@ -70,6 +72,9 @@ class Completion:
     cached_prompt_tokens: int = 0
     """Prompt tokens served from the server's prefix cache."""
     latency_s: float = 0.0
+    routed_experts: RoutedExperts | None = None
+    """MoE models, when the client asks for routing: the experts chosen at every position the
+    model ran on (the prompt, then each sampled token but the last)."""
 
     @property
     def policy_version(self) -> int:
@@ -103,7 +108,7 @@ class InferenceClient:
     def __init__(self, urls: Sequence[str], model: str | None = None, *,
                  api_keys: Sequence[str | None] | None = None,
                  request_timeout_s: float = 900.0, retry_deadline_s: float = 120.0,
-                 pause_poll_s: float = 0.2) -> None:
+                 pause_poll_s: float = 0.2, routed_experts: bool = False) -> None:
         if not urls:
             raise ValueError("InferenceClient needs at least one server URL")
         keys = list(api_keys) if api_keys is not None else [None] * len(urls)
@@ -115,6 +120,8 @@ class InferenceClient:
         self.request_timeout_s = request_timeout_s
         self.retry_deadline_s = retry_deadline_s
         self.pause_poll_s = pause_poll_s
+        self.routed_experts = routed_experts
+        """Ask the servers for each call's MoE routing (Rollout Routing Replay)."""
         self._routes: dict[str, _Server] = {}
         self._session: aiohttp.ClientSession | None = None
         self._busy_s = 0.0
@@ -185,9 +192,12 @@ class InferenceClient:
         finally:
             self._count_out(server)
         finish = choice["finish_reason"] if choice["finish_reason"] != "abort" else "length"
+        # The last answer's routing covers the whole prompt and every continued part of it.
+        routing = choice.get("routed_experts")
         return Completion(tuple(ids), tuple(logprobs), tuple(versions), finish,
                           "".join(texts), server.url, cached,
-                          time.monotonic() - started)
+                          time.monotonic() - started,
+                          None if routing is None else RoutedExperts.from_json(routing))
 
     async def _complete_once(self, server: _Server, prompt: list[int], sampling: Sampling,
                              max_tokens: int, session_id: str | None) -> tuple[dict, int]:
@@ -206,6 +216,8 @@ class InferenceClient:
             body["stop_token_ids"] = list(sampling.stop_token_ids)
         if sampling.ignore_eos:
             body["ignore_eos"] = True
+        if self.routed_experts:
+            body["return_routed_experts"] = True
         headers = {"X-Session-ID": session_id} if session_id else None
         reply = await self._request(server, "POST", "/v1/completions", json=body, headers=headers)
         choice = reply["choices"][0]

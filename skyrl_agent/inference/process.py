@@ -167,12 +167,12 @@ def _healthy(url: str) -> bool:
 def embedded_server(model: str = "smollm2-135m", *, max_batch_size: int = 32,
                     max_model_len: int | None = None, served_model_name: str | None = None,
                     log_path: Path | None = None,
-                    weights_dirs: Sequence[Path] = ()) -> ServerProcess:
+                    weights_dirs: Sequence[Path] = (), dtype: str = "float32") -> ServerProcess:
     """A ServerProcess for the embedded server on a free port of 127.0.0.1, with a fresh key
     for its control routes (`api_key`; generation stays open). It loads weights from the
     trainer's shared-memory files and from `weights_dirs`."""
     argv = [sys.executable, "-m", "skyrl_agent.inference.server", "--model", model,
-            "--port", "0", "--max-batch-size", str(max_batch_size)]
+            "--port", "0", "--max-batch-size", str(max_batch_size), "--dtype", dtype]
     if max_model_len:
         argv += ["--max-model-len", str(max_model_len)]
     if served_model_name:

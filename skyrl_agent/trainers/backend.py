@@ -17,6 +17,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Protocol
 
+import numpy as np
+
 from skyrl_agent.trainers.loss import LossConfig
 
 DATUM_ARRAYS = ("target_tokens", "weights", "logprobs", "advantages", "policy_versions")
@@ -32,6 +34,9 @@ class Datum:
     """Token ids the model reads: the sequence without its last token."""
     loss_fn_inputs: Mapping[str, tuple[float, ...]]
     """Named per-position arrays (see DATUM_ARRAYS); `target_tokens` is required."""
+    routed_experts: np.ndarray | None = field(default=None, compare=False)
+    """MoE models, Rollout Routing Replay: [input tokens, layers, top_k] experts the sampler
+    routed each input token to; -1 where nothing was recorded (the trainer routes itself)."""
 
     def __post_init__(self) -> None:
         if "target_tokens" not in self.loss_fn_inputs:
@@ -43,11 +48,16 @@ class Datum:
             if len(values) != len(self.model_input):
                 raise ValueError(f"datum array {name} has {len(values)} entries for "
                                  f"{len(self.model_input)} input tokens")
+        if self.routed_experts is not None and (
+                self.routed_experts.ndim != 3
+                or self.routed_experts.shape[0] != len(self.model_input)):
+            raise ValueError(f"routed_experts of shape {self.routed_experts.shape} for "
+                             f"{len(self.model_input)} input tokens")
         object.__setattr__(self, "loss_fn_inputs", MappingProxyType(dict(self.loss_fn_inputs)))
 
     def __reduce__(self) -> tuple[Any, ...]:
         # The read-only mapping cannot be pickled; rank processes receive data by pickle.
-        return (Datum, (self.model_input, dict(self.loss_fn_inputs)))
+        return (Datum, (self.model_input, dict(self.loss_fn_inputs), self.routed_experts))
 
     def array(self, name: str, default: float = 0.0) -> tuple[float, ...]:
         """A named array, or `default` at every position when the datum does not carry it."""

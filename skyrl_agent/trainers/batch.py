@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from skyrl_agent.trainers.algorithms import compute_advantages
@@ -58,13 +59,38 @@ def pack_turns(turns: Sequence[Turn], advantage: float) -> Datum | None:
     if length < 2 or not any(weights[1:]):
         return None
     # Position i of a datum describes sequence[i + 1], the token predicted from the first i + 1.
-    return Datum(model_input=sequence[:-1], loss_fn_inputs={
+    return Datum(model_input=sequence[:-1], routed_experts=routing_of(turns, length - 1),
+                 loss_fn_inputs={
         "target_tokens": tuple(float(t) for t in sequence[1:]),
         "weights": tuple(weights[1:]),
         "logprobs": tuple(logprobs[1:]),
         "advantages": tuple(advantage * w for w in weights[1:]),
         "policy_versions": tuple(versions[1:]),
     })
+
+
+def routing_of(turns: Sequence[Turn], positions: int) -> np.ndarray | None:
+    """[positions, layers, top_k]: the experts the sampler routed each of the first `positions`
+    tokens to, from the turns' records (the first record of a position wins: it is the one the
+    tokens sampled right after it saw); -1 where none was recorded. None without records."""
+    records = [t.routed_experts for t in turns if t.routed_experts is not None]
+    if not records:
+        return None
+    out = np.full((positions, records[0].layers, records[0].top_k), -1, dtype=np.int32)
+    filled = np.zeros(positions, dtype=bool)
+    for record in records:
+        if (record.layers, record.top_k) != out.shape[1:]:
+            raise ValueError(f"a turn's routing has {record.layers} layers x top-"
+                             f"{record.top_k}; the segment's first has {out.shape[1]} x "
+                             f"top-{out.shape[2]}")
+        end = min(record.end, positions)
+        if end <= record.start:
+            continue
+        rows = record.array()[: end - record.start]
+        fresh = ~filled[record.start:end]
+        out[record.start:end][fresh] = rows[fresh]
+        filled[record.start:end] = True
+    return out
 
 
 def trajectory_data(trajectory: Trajectory, advantage: float) -> list[Datum]:

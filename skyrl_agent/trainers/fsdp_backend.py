@@ -22,7 +22,7 @@ class FsdpBackend(ShardedBackend):
     def __init__(self, model_folder: Path, *, world_size: int = 2,
                  lora: LoraSettings | None = None, device: str | None = None,
                  dtype: str = "auto", micro_batch_tokens: int = 2048, seed: int = 0,
-                 ranks: StartRanks | None = None) -> None:
+                 ranks: StartRanks | None = None, routing_replay: bool = False) -> None:
         self.model_folder = Path(model_folder)
         self.lora = lora
         kind = pick_device(device).type
@@ -32,4 +32,5 @@ class FsdpBackend(ShardedBackend):
         super().__init__("skyrl_agent.trainers.fsdp_rank:FsdpRank", data_parallel=world_size,
                          model_parallel=1, device=kind, micro_batch_tokens=micro_batch_tokens,
                          settings={"model_folder": str(self.model_folder), "lora": lora,
-                                   "dtype": dtype, "seed": seed}, ranks=ranks)
+                                   "dtype": dtype, "seed": seed,
+                                   "routing_replay": routing_replay}, ranks=ranks)

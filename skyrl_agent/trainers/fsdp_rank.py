@@ -60,13 +60,14 @@ class FsdpRank(TorchBackend):
 
     def __init__(self, rank: int, world_size: int, device: str, model_folder: str,
                  lora: LoraSettings | None, dtype: str, micro_batch_tokens: int,
-                 seed: int) -> None:
+                 seed: int, routing_replay: bool = False) -> None:
         self.rank = rank
         self.mesh = init_device_mesh("cuda" if device.startswith("cuda") else "cpu",
                                      (world_size,))
         local = f"cuda:{torch.cuda.current_device()}" if device.startswith("cuda") else "cpu"
         super().__init__(Path(model_folder), lora=lora, device=local, dtype=dtype,
-                         micro_batch_tokens=micro_batch_tokens, seed=seed)
+                         micro_batch_tokens=micro_batch_tokens, seed=seed,
+                         routing_replay=routing_replay)
 
     def _place(self, model: Any) -> Any:
         """Shard each decoder layer, then the rest (embeddings, final norm, head)."""

@@ -91,11 +91,12 @@ def build_backend(folder: Path, trainer: TrainerConfig, lora: LoraSettings | Non
 
         return FsdpBackend(folder, world_size=trainer.data_parallel, lora=lora,
                            dtype=trainer.dtype, micro_batch_tokens=trainer.micro_batch_tokens,
-                           seed=seed, ranks=ranks)
+                           seed=seed, ranks=ranks, routing_replay=trainer.routing_replay)
     from skyrl_agent.trainers.torch_backend import TorchBackend
 
     return TorchBackend(folder, lora=lora, dtype=trainer.dtype,
-                        micro_batch_tokens=trainer.micro_batch_tokens, seed=seed)
+                        micro_batch_tokens=trainer.micro_batch_tokens, seed=seed,
+                        routing_replay=trainer.routing_replay)
 
 
 def describe_backend(trainer: TrainerConfig) -> str:

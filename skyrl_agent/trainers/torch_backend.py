@@ -8,6 +8,7 @@ so publishing them copies nothing on this side.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import random
@@ -20,6 +21,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from skyrl_agent.atomic import atomic_folder
+from skyrl_agent.inference.routers import ReplayCount, find_routers, replayed_routing
 from skyrl_agent.inference.weight_files import new_weights_path, remove_orphans
 from skyrl_agent.trainers.algorithms import entropy_BT, token_weights
 from skyrl_agent.trainers.backend import (
@@ -65,7 +67,8 @@ class TorchBackend:
 
     def __init__(self, model_folder: Path, *, lora: LoraSettings | None = None,
                  device: str | None = None, dtype: str = "auto",
-                 micro_batch_tokens: int = 2048, seed: int = 0) -> None:
+                 micro_batch_tokens: int = 2048, seed: int = 0,
+                 routing_replay: bool = False) -> None:
         torch.manual_seed(seed)
         random.seed(seed)
         self.model_folder = Path(model_folder)
@@ -76,6 +79,13 @@ class TorchBackend:
         self.model = self._place(load_causal_lm(self.model_folder, self.dtype, self.device,
                                                 lora))
         self.params = trainable_parameters(self.model)
+        self.routing_replay = routing_replay
+        if routing_replay and not find_routers(self.model):
+            raise ValueError(f"routing_replay needs a mixture-of-experts model; "
+                             f"{self.model_folder.name} has no MoE router layers")
+        self.routing = ReplayCount()
+        """Replayed routing decisions since the last look, and how many the trainer's own
+        routers would have made differently."""
         self.optimizer = torch.optim.AdamW(list(self.params.values()), lr=0.0, foreach=False)
         self.step = 0
         self._reference: Any = None
@@ -121,6 +131,9 @@ class TorchBackend:
                                stack(part, "advantages", self.device),
                                self._reference_logprobs(part) if config.kl_coef > 0 else None)
             loss, metrics = micro_batch_loss(loss_fn, config, batch)
+            if self.routing.decisions:
+                metrics["routing/differing"] = self.routing.share
+                self.routing = ReplayCount()
             loss.backward()
             if not rows:
                 continue
@@ -241,11 +254,27 @@ class TorchBackend:
             input_ids[row, : len(datum.model_input)] = torch.tensor(datum.model_input)
             attention[row, : len(datum.model_input)] = 1
         targets_BT = stack(data, "target_tokens").long().to(self.device)
-        logits_BTV = model(input_ids=input_ids.to(self.device),
-                           attention_mask=attention.to(self.device)).logits.float()
+        with self._routing(model, data, width):
+            logits_BTV = model(input_ids=input_ids.to(self.device),
+                               attention_mask=attention.to(self.device)).logits.float()
         # gather - logsumexp: no full log_softmax copy of the [B, T, vocab] logits.
         picked_BT = logits_BTV.gather(-1, targets_BT.unsqueeze(-1)).squeeze(-1)
         return picked_BT - logits_BTV.logsumexp(-1), logits_BTV
+
+    def _routing(self, model: Any, data: Sequence[Datum],
+                 width: int) -> contextlib.AbstractContextManager[None]:
+        """The sampler's recorded MoE routing replayed in this forward (R3), or, with replay
+        off, only compared with the trainer's own choice (`routing/differing`)."""
+        if all(d.routed_experts is None for d in data):
+            return contextlib.nullcontext()
+        shape = next(d.routed_experts.shape for d in data if d.routed_experts is not None)
+        experts_BTLK = torch.full((len(data), width, *shape[1:]), -1, dtype=torch.long)
+        for row, datum in enumerate(data):
+            if datum.routed_experts is not None:
+                experts_BTLK[row, : len(datum.model_input)] = torch.from_numpy(
+                    datum.routed_experts)
+        return replayed_routing(model, experts_BTLK.flatten(0, 1), self.routing,
+                                replay=self.routing_replay)
 
     def _reference_logprobs(self, data: Sequence[Datum]) -> torch.Tensor:
         """Logprobs under the initial policy: adapters off under LoRA, else a frozen copy."""

@@ -169,6 +169,9 @@ class EmbeddedServer:
     async def completions(self, request: web.Request) -> web.Response:
         body = await self._body(request, CompletionRequest)
         self._check_sequences(len(body.prompts()), body.n)
+        if body.return_routed_experts and not self.engine.moe_layers:
+            raise BadRequest("return_routed_experts needs a mixture-of-experts model; "
+                             f"{self.model_name} has no MoE router layers")
         prompts = [p if isinstance(p, list) else self._encode(p) for p in body.prompts()]
         budgets = [self._check_prompt(p, body.max_tokens) for p in prompts]
         results = await asyncio.gather(*[
@@ -176,7 +179,7 @@ class EmbeddedServer:
             for p, b in zip(prompts, budgets, strict=True)])
         return web.json_response(render.completion_response(
             self.model_name, self.tokenizer, prompts, list(results), body.return_token_ids,
-            body.logprobs is not None, self.engine.policy_version))
+            body.logprobs is not None, self.engine.policy_version, body.return_routed_experts))
 
     async def chat_completions(self, request: web.Request) -> web.Response:
         body = await self._body(request, ChatCompletionRequest)

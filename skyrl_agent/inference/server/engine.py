@@ -21,9 +21,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from transformers.cache_utils import DynamicCache
 
+from skyrl_agent.inference.routers import RoutingTap
 from skyrl_agent.inference.server.kv import KVBatch
 from skyrl_agent.inference.server.prefix_cache import PrefixCache
 from skyrl_agent.inference.server.sampling import Choice, SamplingParams, choose, make_generator
@@ -48,6 +50,9 @@ class SequenceOutput:
     """Decoded text without special tokens, cut before a matched stop string."""
     cached_prompt_tokens: int
     """Prompt tokens whose KV came from the prefix cache."""
+    routed_experts: np.ndarray | None = None
+    """MoE models: [tokens, layers, top_k] experts chosen for every position the model ran on
+    (the prompt, then every sampled token but the last)."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,7 @@ class _Request:
     future: asyncio.Future[list[SequenceOutput]]
     outputs: list[SequenceOutput | None] = field(default_factory=list)
     cached_tokens: int = 0
+    prompt_routing: np.ndarray | None = None
 
 
 @dataclass
@@ -88,6 +94,12 @@ class _Row:
     versions: list[int] = field(default_factory=list)
     finish: Literal["stop", "length", "abort"] | None = None
     text: str | None = None
+    routing: list[np.ndarray] = field(default_factory=list)
+    """MoE models: the experts chosen at each decode step (one row each)."""
+
+    def routed_experts(self) -> np.ndarray | None:
+        prompt = self.request.prompt_routing
+        return None if prompt is None else np.concatenate([prompt, *self.routing])
 
 
 class Engine:
@@ -105,6 +117,7 @@ class Engine:
         self.device = next(model.parameters()).device
         self._prefix = PrefixCache(prefix_cache_tokens)
         self._weights = weights or WeightLoader()
+        self._tap = RoutingTap(model)
         self._inbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._waiting: deque[_Request] = deque()
@@ -130,6 +143,11 @@ class Engine:
     @property
     def is_paused(self) -> bool:
         return self._paused
+
+    @property
+    def moe_layers(self) -> int:
+        """MoE router layers of the model (0 for a dense model)."""
+        return len(self._tap.routers)
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams,
                        n: int = 1) -> list[SequenceOutput]:
@@ -229,12 +247,17 @@ class Engine:
 
     def _prefill(self, request: _Request) -> None:
         prompt = request.prompt_ids
-        cached, layers = self._prefix.lookup(prompt)
+        cached, layers, cached_routing = self._prefix.lookup(prompt)
         cache = DynamicCache(ddp_cache_data=layers) if layers else DynamicCache()
+        self._tap.discard()
         out = self.model(input_ids=torch.tensor([prompt[cached:]], device=self.device),
                          position_ids=torch.arange(cached, len(prompt), device=self.device)[None],
                          cache=cache, use_cache=True, logits_to_keep=1)
         request.cached_tokens = cached
+        if self._tap.active:
+            new = self._tap.take()
+            request.prompt_routing = new if cached_routing is None \
+                else np.concatenate([cached_routing, new])
         self._counts["requests"] += 1
         self._counts["prompt"] += len(prompt)
         self._counts["cached"] += cached
@@ -255,8 +278,13 @@ class Engine:
         positions = torch.tensor([[len(r.request.prompt_ids) + len(r.tokens) - 1] for r in rows],
                                  device=self.device)
         mask = self._batch.append_mask_column()
+        self._tap.discard()
         out = self.model(input_ids=last, attention_mask=mask, position_ids=positions,
                          cache=self._batch.cache, use_cache=True)
+        if self._tap.active:
+            chosen = self._tap.take()  # one row per running row: each decoded one token
+            for i, row in enumerate(rows):
+                row.routing.append(chosen[i : i + 1])
         self._append(rows, choose(out.logits[:, -1], [r.request.params for r in rows],
                                   [r.generator for r in rows]))
 
@@ -305,7 +333,8 @@ class Engine:
             row = self._rows[i]
             if row.finish != "abort":
                 known = row.request.prompt_ids + row.tokens[:-1]  # the last token has no KV yet
-                self._prefix.store(known, self._batch.row(i, len(known)))
+                self._prefix.store(known, self._batch.row(i, len(known)),
+                                   row.routed_experts())
             self._finish_row(row)
         keep = [i for i, r in enumerate(self._rows) if r.finish is None]
         self._rows = [self._rows[i] for i in keep]
@@ -319,7 +348,7 @@ class Engine:
         request = row.request
         request.outputs[row.index] = SequenceOutput(
             tuple(row.tokens), tuple(row.logprobs), tuple(row.tops), tuple(row.versions),
-            row.finish, text, request.cached_tokens)
+            row.finish, text, request.cached_tokens, row.routed_experts())
         if all(o is not None for o in request.outputs):
             _resolve(request.loop, request.future, list(request.outputs))
 

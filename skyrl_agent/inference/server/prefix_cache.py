@@ -8,20 +8,27 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+import numpy as np
+
 from skyrl_agent.inference.server.kv import KV
 
 
 class PrefixCache:
-    """LRU of (token ids, per-layer KV) for up to `max_tokens` tokens in all."""
+    """LRU of (token ids, per-layer KV) for up to `max_tokens` tokens in all; for an MoE model
+    also the experts each cached token was routed to, so a request served from the cache still
+    reports the routing of its whole prompt."""
 
     def __init__(self, max_tokens: int, min_match: int = 16) -> None:
         self.max_tokens = max_tokens
         self.min_match = min_match
-        self._entries: OrderedDict[tuple[int, ...], list[KV]] = OrderedDict()
+        self._entries: OrderedDict[tuple[int, ...], tuple[list[KV], np.ndarray | None]] = \
+            OrderedDict()
         self._tokens = 0
 
-    def lookup(self, prompt_ids: list[int]) -> tuple[int, list[KV] | None]:
-        """The longest cached prefix of `prompt_ids` (at most len - 1 tokens) and its KV views."""
+    def lookup(self, prompt_ids: list[int],
+               ) -> tuple[int, list[KV] | None, np.ndarray | None]:
+        """The longest cached prefix of `prompt_ids` (at most len - 1 tokens), its KV views and
+        its routing (MoE models)."""
         best_len, best_key = 0, None
         for key in self._entries:
             matched = _shared_prefix_len(key, prompt_ids)
@@ -29,19 +36,21 @@ class PrefixCache:
                 best_len, best_key = matched, key
         best_len = min(best_len, len(prompt_ids) - 1)  # the last prompt token must run for logits
         if best_key is None or best_len < self.min_match:
-            return 0, None
+            return 0, None, None
         self._entries.move_to_end(best_key)
-        layers = self._entries[best_key]
-        return best_len, [(k[:, :, :best_len], v[:, :, :best_len]) for k, v in layers]
+        layers, routing = self._entries[best_key]
+        return (best_len, [(k[:, :, :best_len], v[:, :, :best_len]) for k, v in layers],
+                None if routing is None else routing[:best_len])
 
-    def store(self, token_ids: list[int], layers: list[KV]) -> None:
+    def store(self, token_ids: list[int], layers: list[KV],
+              routing: np.ndarray | None = None) -> None:
         key = tuple(token_ids)
         if len(key) > self.max_tokens or any(k[: len(key)] == key for k in self._entries):
             return  # already covered by an entry that extends it
         # An entry that is a prefix of the new one is redundant: the new one answers its lookups.
         for old in [k for k in self._entries if key[: len(k)] == k]:
             self._drop(old)
-        self._entries[key] = layers
+        self._entries[key] = (layers, routing)
         self._tokens += len(key)
         while self._tokens > self.max_tokens:
             self._drop(next(iter(self._entries)))

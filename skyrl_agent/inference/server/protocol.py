@@ -76,6 +76,10 @@ class CompletionRequest(_Sampling):
     logprobs: int | None = Field(default=None, ge=0, le=20)
     """Top alternatives per token; 0 still returns the sampled token's logprob."""
     echo: bool = False
+    return_routed_experts: bool = False
+    """MoE models: each choice also carries `routed_experts`, the experts every router chose
+    for each position the model ran on (prompt, then sampled tokens but the last), packed
+    (see skyrl_agent.types.RoutedExperts) for Rollout Routing Replay."""
 
     @field_validator("echo")
     @classmethod

@@ -7,6 +7,7 @@ import uuid
 from typing import Any
 
 from skyrl_agent.inference.server.engine import SequenceOutput
+from skyrl_agent.types import RoutedExperts
 
 
 class BadRequest(ValueError):
@@ -86,7 +87,8 @@ def usage(prompt_tokens: int, outputs: list[SequenceOutput]) -> dict[str, Any]:
 
 def completion_response(model: str, tokenizer: Any, prompts: list[list[int]],
                         results: list[list[SequenceOutput]], with_ids: bool,
-                        with_logprobs: bool, version: int) -> dict[str, Any]:
+                        with_logprobs: bool, version: int,
+                        with_routing: bool = False) -> dict[str, Any]:
     choices: list[dict[str, Any]] = []
     for prompt, outputs in zip(prompts, results, strict=True):
         for out in outputs:
@@ -98,6 +100,8 @@ def completion_response(model: str, tokenizer: Any, prompts: list[list[int]],
             if with_ids:
                 choice["prompt_token_ids"] = prompt
                 choice["token_ids"] = list(out.token_ids)
+            if with_routing and out.routed_experts is not None:
+                choice["routed_experts"] = RoutedExperts.from_array(out.routed_experts).to_json()
             choices.append(choice)
     all_outputs = [o for outputs in results for o in outputs]
     return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",

@@ -1,0 +1,215 @@
+"""Mixture-of-experts models on the same path as dense ones: a tiny Qwen3-MoE served with
+logprobs and its routing (through the prefix cache), stored in Parquet, and replayed by the
+trainers (Rollout Routing Replay, R3)."""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.request
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from skyrl_agent.agents.session import LLMSession, SessionConfig
+from skyrl_agent.data.schema import from_row, to_table
+from skyrl_agent.inference.client import InferenceClient
+from skyrl_agent.inference.process import embedded_server
+from skyrl_agent.inference.routers import ReplayCount, RoutingTap, find_routers, replayed_routing
+from skyrl_agent.trainers.batch import trajectory_data
+from skyrl_agent.trainers.torch_backend import TorchBackend
+from skyrl_agent.types import FinishReason, Reward, RoutedExperts, Segment, Trajectory, Turn
+from tests.tiny_models import char_model_dir, char_moe_dir, char_tokenizer
+
+EXPERTS, TOP_K, LAYERS = 8, 2, 2
+
+
+@pytest.fixture(scope="module")
+def moe_dir(tmp_path_factory):
+    return char_moe_dir(tmp_path_factory.mktemp("moe"), experts=EXPERTS, top_k=TOP_K,
+                        layers=LAYERS)
+
+
+@pytest.fixture(scope="module")
+def moe_server(moe_dir):
+    with embedded_server(str(moe_dir)) as process:
+        yield process.url
+
+
+def _own_routing(model, sequence: list[int]) -> np.ndarray:
+    """[tokens, layers, top_k]: the experts `model` routes each token of `sequence` to."""
+    tap = RoutingTap(model)
+    with torch.no_grad():
+        model(input_ids=torch.tensor([sequence]))
+    chosen = tap.take()
+    tap.close()
+    return chosen
+
+
+async def _two_turns(url: str) -> tuple[Trajectory, list[int]]:
+    """A two-turn session on the server (the second turn served from the prefix cache); the
+    trajectory and the server's routing of the last call's whole sequence."""
+    tokenizer = char_tokenizer()
+    async with InferenceClient([url], routed_experts=True) as client:
+        session = LLMSession(client, tokenizer, SessionConfig(max_tokens=24), seed=3)
+        await session.chat([{"role": "system", "content": "You route."},
+                            {"role": "user", "content": "Say something about experts."}])
+        await session.chat([{"role": "user", "content": "And once more, please."}])
+        segments = session.segments
+    trajectory = Trajectory("moe/t", 0, "test", segments, Reward(1.0), FinishReason.STOP)
+    return trajectory, list(segments[0].turns[-1].prompt_ids)
+
+
+def test_tiny_moe_serves_logprobs_and_the_routing_of_every_position(moe_server, moe_dir):
+    """The server reports, for every position it ran the model on, the experts each layer chose;
+    a prompt served from the prefix cache still gets the cached positions' routing; and the
+    routing is what the same weights choose when the whole sequence is run at once."""
+    trajectory, _ = asyncio.run(_two_turns(moe_server))
+    first, second = trajectory.segments[0].turns
+    assert first.routed_experts is not None and second.routed_experts is not None
+    assert first.routed_experts.start == 0
+    assert first.routed_experts.end == len(first.prompt_ids) + len(first.completion_ids) - 1
+    # The second turn stores only the positions the first did not.
+    assert second.routed_experts.start == first.routed_experts.end
+    assert second.routed_experts.end == len(second.prompt_ids) + len(second.completion_ids) - 1
+    assert (first.routed_experts.layers, first.routed_experts.top_k) == (LAYERS, TOP_K)
+
+    model = AutoModelForCausalLM.from_pretrained(moe_dir, dtype=torch.float32).eval()
+    sequence = list(second.prompt_ids + second.completion_ids)
+    own = _own_routing(model, sequence[:-1])
+    served = np.concatenate([first.routed_experts.array(), second.routed_experts.array()])
+    assert served.shape == own.shape
+    assert (np.sort(served, -1) == np.sort(own, -1)).all()
+    assert served.max() < EXPERTS and len(np.unique(served)) > TOP_K
+
+    backend = TorchBackend(moe_dir, dtype="float32")
+    [datum] = trajectory_data(trajectory, 1.0)
+    [trainer] = backend.forward([datum])
+    sampled = [i for i, w in enumerate(datum.loss_fn_inputs["weights"]) if w]
+    gap = max(abs(trainer[i] - datum.loss_fn_inputs["logprobs"][i]) for i in sampled)
+    assert gap <= 1e-3, gap
+
+
+def test_a_dense_model_refuses_to_report_routing(tmp_path):
+    """Stops a client from believing it records routing it never gets: the dense model's server
+    answers 400 in one line."""
+    with embedded_server(str(char_model_dir(tmp_path / "dense"))) as process:
+        request = urllib.request.Request(
+            f"{process.url}/v1/completions", method="POST",
+            data=b'{"prompt": [5, 6, 7], "max_tokens": 2, "return_routed_experts": true}',
+            headers={"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request)
+        assert refused.value.code == 400
+        assert b"no MoE router layers" in refused.value.read()
+
+
+def test_recorded_routing_round_trips_through_parquet(tmp_path):
+    """One-byte ids (<= 256 experts) and two-byte ids (more) come back from a Parquet shard
+    bit for bit, with their positions."""
+    rng = np.random.default_rng(0)
+    small = RoutedExperts.from_array(rng.integers(0, 64, (5, 3, 4)), start=2)
+    large = RoutedExperts.from_array(rng.integers(0, 512, (4, 3, 4)), start=7)
+    assert (small.width, large.width) == (1, 2)
+    turns = tuple(Turn(tuple(range(n)), (1, 2), (-0.5, -0.25), (1, 1), 0, FinishReason.STOP,
+                       routed_experts=r) for n, r in ((3, small), (9, large)))
+    trajectory = Trajectory("moe/t", 0, "test", (Segment(turns),), Reward(0.0),
+                            FinishReason.STOP)
+    pq.write_table(to_table([trajectory]), tmp_path / "shard.parquet")
+    [row] = pq.read_table(tmp_path / "shard.parquet").to_pylist()
+    back = from_row(row).segments[0].turns
+    assert [t.routed_experts for t in back] == [small, large]
+    assert (back[1].routed_experts.array() == large.array()).all()
+    assert back[1].routed_experts.start == 7 and back[1].routed_experts.end == 11
+
+
+def test_replay_routes_every_token_to_the_recorded_experts(moe_dir, tmp_path):
+    """Replay uses the sampler's choice at every position, not the trainer's own (a trainer
+    whose routers differ chooses other experts for most tokens), and its gating weights are the
+    trainer's softmax over the replayed experts, so the router still gets a gradient."""
+    sampler = AutoModelForCausalLM.from_pretrained(moe_dir, dtype=torch.float32).eval()
+    trainer = AutoModelForCausalLM.from_pretrained(
+        char_moe_dir(tmp_path / "other", seed=1, experts=EXPERTS, top_k=TOP_K, layers=LAYERS),
+        dtype=torch.float32).eval()
+    sequence = list(range(10, 70))
+    recorded = _own_routing(sampler, sequence)
+    recorded[-1] = -1  # nothing recorded for the last position: the trainer routes it itself
+    own = _own_routing(trainer, sequence)
+
+    used: list[torch.Tensor] = []
+    weights: list[torch.Tensor] = []
+
+    def seen(module, args, output) -> None:  # what the expert layer was given
+        used.append(args[1].detach())
+        weights.append(args[2])
+
+    hooks = [layer.mlp.experts.register_forward_hook(seen) for layer in trainer.model.layers]
+    count = ReplayCount()
+    with replayed_routing(trainer, torch.from_numpy(recorded), count):
+        logits = trainer(input_ids=torch.tensor([sequence])).logits
+    for hook in hooks:
+        hook.remove()
+
+    replayed = torch.stack(used, dim=1).numpy()
+    assert (replayed[:-1] == recorded[:-1]).all()
+    assert (replayed[-1] == own[-1]).all()
+    differing = (np.sort(own[:-1], -1) != np.sort(recorded[:-1], -1)).any(-1)
+    assert differing.mean() > 0.5
+    assert count.decisions == (len(sequence) - 1) * LAYERS
+    assert count.differing == int(differing.sum())
+
+    router = find_routers(trainer)[0]
+    hidden = {}
+
+    def logits_of(module, args, output) -> None:
+        hidden["logits"] = output[0]
+
+    handle = router.register_forward_hook(logits_of)
+    with replayed_routing(trainer, torch.from_numpy(recorded)):
+        trainer(input_ids=torch.tensor([sequence]))
+    handle.remove()
+    probs = torch.softmax(hidden["logits"].float(), -1).gather(
+        -1, torch.from_numpy(recorded[:-1, 0]).long())
+    expected = probs / probs.sum(-1, keepdim=True)
+    assert torch.allclose(weights[0][:-1], expected, atol=1e-6)
+
+    logits.log_softmax(-1)[0, :-1].gather(-1, torch.tensor(sequence[1:])[:, None]).sum().backward()
+    assert router.weight.grad is not None and router.weight.grad.abs().sum() > 0
+
+
+def test_torch_and_fsdp_backends_train_the_moe_on_the_served_routing(moe_server, moe_dir):
+    """Both backends replay the routing the server recorded (at matching numerics the trainer's
+    own choice agrees everywhere), agree with the sampler's logprobs to 1e-3, agree with each
+    other, and an optimizer step moves the routers and the experts."""
+    from skyrl_agent.trainers.backend import AdamParams
+    from skyrl_agent.trainers.fsdp_backend import FsdpBackend
+
+    trajectory, _ = asyncio.run(_two_turns(moe_server))
+    data = trajectory_data(trajectory, 1.0)
+    assert data[0].routed_experts is not None
+    assert (data[0].routed_experts[:-1] >= 0).all()  # every position recorded but the last
+
+    torch_backend = TorchBackend(moe_dir, dtype="float32", routing_replay=True)
+    fsdp = FsdpBackend(moe_dir, world_size=2, dtype="float32", routing_replay=True)
+    try:
+        outputs = [b.forward_backward(data, "importance_sampling") for b in (torch_backend, fsdp)]
+        for out in outputs:
+            assert out.metrics["routing/differing"] == 0.0
+            assert out.metrics["agreement/max_abs_diff"] <= 1e-3
+        for a, b in zip(outputs[0].logprobs[0], outputs[1].logprobs[0], strict=True):
+            assert abs(a - b) <= 1e-5
+        before = {n: p.detach().clone() for n, p in torch_backend.model.named_parameters()}
+        torch_backend.optim_step(AdamParams(learning_rate=1e-2))
+        fsdp.optim_step(AdamParams(learning_rate=1e-2))
+        after = dict(torch_backend.model.named_parameters())
+        for part in ("mlp.gate.weight", "mlp.experts.gate_up_proj"):
+            name = f"model.layers.0.{part}"
+            assert not torch.equal(before[name], after[name]), name
+        trained = fsdp.full_tensors()
+        for name, tensor in trained.items():
+            assert torch.allclose(tensor, after[name].detach(), atol=1e-5), name
+    finally:
+        fsdp.close()
+        torch_backend.close()
