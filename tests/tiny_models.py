@@ -68,9 +68,10 @@ def tiny_llama_dir(folder: Path, tokenizer_dir: Path, max_positions: int = 512) 
 
 
 def char_moe_dir(folder: Path, seed: int = 0, hidden: int = 32, layers: int = 2,
-                 experts: int = 8, top_k: int = 2) -> Path:
+                 experts: int = 8, top_k: int = 2, router_std: float = 0.5) -> Path:
     """Save a random Qwen3-MoE over the character tokenizer into `folder`: every layer a sparse
-    MoE block (`experts` experts, `top_k` routed per token), the layout of Qwen3-30B-A3B."""
+    MoE block (`experts` experts, `top_k` routed per token), the layout of Qwen3-30B-A3B. A small
+    `router_std` leaves router logits close together: near-ties that numerics can flip."""
     import torch
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
@@ -87,7 +88,7 @@ def char_moe_dir(folder: Path, seed: int = 0, hidden: int = 32, layers: int = 2,
     with torch.no_grad():  # transformers starts routers at zero: every expert ties
         for name, param in model.named_parameters():
             if name.endswith("mlp.gate.weight"):
-                param.normal_(0.0, 0.5)
+                param.normal_(0.0, router_std)
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
