@@ -22,22 +22,19 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from skyrl_agent.agents.session import LLMSession, SessionConfig  # noqa: E402
-from skyrl_agent.config import load_config  # noqa: E402
-from skyrl_agent.inference.client import InferenceClient  # noqa: E402
-from skyrl_agent.inference.process import embedded_server  # noqa: E402
-from skyrl_agent.jobs.train import reference_run  # noqa: E402
-from skyrl_agent.trainers.batch import trajectory_data  # noqa: E402
-from skyrl_agent.trainers.torch_backend import TorchBackend  # noqa: E402
-from skyrl_agent.types import FinishReason, Reward, Trajectory  # noqa: E402
-from tests.tiny_models import char_moe_dir, char_tokenizer  # noqa: E402
+from skyrl_agent.agents.session import LLMSession, SessionConfig
+from skyrl_agent.config import load_config
+from skyrl_agent.inference.client import InferenceClient
+from skyrl_agent.inference.process import embedded_server
+from skyrl_agent.jobs.train import reference_run
+from skyrl_agent.trainers.batch import trajectory_data
+from skyrl_agent.trainers.torch_backend import TorchBackend
+from skyrl_agent.types import FinishReason, Reward, Trajectory
+from tests.tiny_models import char_moe_dir, char_tokenizer
 
 RESULTS = Path(__file__).parent / "results"
 SESSIONS = 32
