@@ -14,7 +14,7 @@ from skyrl_agent.jobs.rollout import Rollout
 from skyrl_agent.jobs.train import reference_run
 from skyrl_agent.trainers.batch import sft_data
 from skyrl_agent.trainers.torch_backend import TorchBackend
-from tests.tiny_models import char_model_dir
+from tests.tiny_models import char_model_dir, char_moe_dir
 
 pytestmark = pytest.mark.slow
 
@@ -42,6 +42,30 @@ def test_rl_learns_a_toy_task_with_a_random_model(tmp_path, work_root, backend):
     assert len(stored) == 12 * 16
     assert all(t.segments[0].turns[0].policy_version == t.sample_index // 16 for t in stored)
     assert all(r.metrics["agreement/max_abs_diff"] < 1e-3 for r in results)
+
+
+def test_moe_with_lora_learns_a_toy_task_replaying_the_sampler_routing(tmp_path, work_root):
+    """The tiny Qwen3-MoE with LoRA adapters on attention and on every expert's weights, R3 on:
+    toy/eight-a goes from about 5% a's past 50% within 12 steps (seeded: 0.05 -> 0.67). Each
+    step's samples come from the adapters merged into the served weights, and the trainer,
+    replaying their routing, agrees with the sampler to 1e-3 without a single routing
+    decision of its own differing. (LoRA cannot change the tied embedding, whose size bounds
+    the logits: the model starts with larger embeddings so that adapters can favour a
+    character at all.)"""
+    model = char_moe_dir(tmp_path / "model", embedding_std=0.15)
+    config = load_config(None, [
+        "agent.name=answer", "tasks.source=toy", f"inference.model={model}",
+        "inference.max_tokens=8", "collector.n_samples_per_task=16",
+        "trainer.lora_rank=8", "trainer.lora_alpha=16", "trainer.routing_replay=true",
+        "trainer.learning_rate=1e-1", "trainer.max_steps=12", f"sandbox.work_root={work_root}"])
+    results = asyncio.run(reference_run(config, tmp_path / "run"))
+    rewards = [r.reward_mean for r in results]
+    assert rewards[0] <= 0.1, rewards
+    assert max(rewards[-3:]) >= 0.5, rewards
+    trained = [r for r in results if "agreement/max_abs_diff" in r.metrics]
+    assert len(trained) >= 10
+    assert all(r.metrics["agreement/max_abs_diff"] < 1e-3 for r in trained)
+    assert all(r.metrics["routing/differing"] == 0.0 for r in trained)
 
 
 def test_trainer_and_sampler_agree_on_the_embedded_models_own_samples(tmp_path, work_root,

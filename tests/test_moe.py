@@ -213,3 +213,42 @@ def test_torch_and_fsdp_backends_train_the_moe_on_the_served_routing(moe_server,
     finally:
         fsdp.close()
         torch_backend.close()
+
+
+def test_lora_adapts_attention_and_every_expert_and_serves_merged(moe_dir):
+    """LoRA on the MoE puts one low-rank pair on each expert weight (peft's parameter
+    adapters) beside the attention projections; after a step the merged weights the sampler
+    gets differ from the base in those tensors only, and they compute what the adapted model
+    computes."""
+    from skyrl_agent.trainers.backend import AdamParams, Datum
+    from skyrl_agent.trainers.torch_model import LoraSettings
+
+    backend = TorchBackend(moe_dir, dtype="float32", lora=LoraSettings(rank=4, alpha=8))
+    adapted = {n.split(".lora_")[0] for n in backend.params}
+    assert any(n.endswith("mlp.experts") for n in adapted), adapted
+    assert any(n.endswith("self_attn.q_proj") for n in adapted), adapted
+    sequence = list(range(10, 40))
+    datum = Datum(tuple(sequence[:-1]), {
+        "target_tokens": tuple(float(t) for t in sequence[1:]), "weights": (1.0,) * 29,
+        "advantages": (1.0,) * 29, "logprobs": (-4.6,) * 29})
+    for _ in range(2):  # B starts at 0, so A moves from the second step on
+        backend.forward_backward([datum], "importance_sampling")
+        backend.optim_step(AdamParams(learning_rate=5e-2))
+    merged = backend.save_weights_for_sampler(1)
+    base = AutoModelForCausalLM.from_pretrained(moe_dir, dtype=torch.float32).eval()
+    from safetensors.torch import load_file
+
+    published = load_file(merged.path)
+    assert {"model.layers.0.mlp.experts.gate_up_proj", "model.layers.1.mlp.experts.down_proj",
+            "model.layers.0.self_attn.q_proj.weight"} <= set(published)
+    assert not any("embed" in n or "norm" in n or "mlp.gate" in n for n in published)
+    for name, tensor in published.items():
+        assert not torch.equal(tensor, base.get_parameter(name).detach()), name
+    with torch.no_grad():
+        for name, tensor in published.items():
+            base.get_parameter(name).copy_(tensor)
+    served = base(input_ids=torch.tensor([sequence])).logits.log_softmax(-1)[0, :-1]
+    served = served.gather(-1, torch.tensor(sequence[1:])[:, None]).squeeze(-1)
+    [trainer] = backend.forward([datum])
+    assert max(abs(a - b) for a, b in zip(served.tolist(), trainer, strict=True)) <= 1e-4
+    backend.close()

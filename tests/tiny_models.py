@@ -68,10 +68,13 @@ def tiny_llama_dir(folder: Path, tokenizer_dir: Path, max_positions: int = 512) 
 
 
 def char_moe_dir(folder: Path, seed: int = 0, hidden: int = 32, layers: int = 2,
-                 experts: int = 8, top_k: int = 2, router_std: float = 0.5) -> Path:
+                 experts: int = 8, top_k: int = 2, router_std: float = 0.5,
+                 embedding_std: float | None = None) -> Path:
     """Save a random Qwen3-MoE over the character tokenizer into `folder`: every layer a sparse
     MoE block (`experts` experts, `top_k` routed per token), the layout of Qwen3-30B-A3B. A small
-    `router_std` leaves router logits close together: near-ties that numerics can flip."""
+    `router_std` leaves router logits close together: near-ties that numerics can flip. LoRA
+    cannot change the (tied) embedding, which bounds the logits' range: `embedding_std` above
+    the default 0.02 gives adapters room to make one character likely."""
     import torch
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
@@ -89,6 +92,8 @@ def char_moe_dir(folder: Path, seed: int = 0, hidden: int = 32, layers: int = 2,
         for name, param in model.named_parameters():
             if name.endswith("mlp.gate.weight"):
                 param.normal_(0.0, router_std)
+            if embedding_std is not None and name.endswith("embed_tokens.weight"):
+                param.normal_(0.0, embedding_std)
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)

@@ -72,6 +72,9 @@ class FsdpRank(TorchBackend):
     def _place(self, model: Any) -> Any:
         """Shard each decoder layer, then the rest (embeddings, final norm, head)."""
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        if self.lora is not None and any(".experts." in name for name in lora_layers(model)):
+            raise ValueError("LoRA on MoE expert weights needs backend=torch (the FSDP2 "
+                             "backend does not gather per-expert adapters for the sampler)")
         layer_kinds = set(getattr(base, "_no_split_modules", None) or ())
         if not layer_kinds:
             raise ValueError(f"{type(base).__name__} names no decoder layer class "

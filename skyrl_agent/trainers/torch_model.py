@@ -22,6 +22,9 @@ class LoraSettings:
     target_modules: tuple[str, ...] = field(
         default=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
     """Linear layers (by name suffix) that get adapters."""
+    expert_parameters: tuple[str, ...] = ("gate_up_proj", "down_proj")
+    """MoE models: the experts' stacked [experts, out, in] weights (by parameter name) that get
+    adapters, one low-rank pair per expert (peft's `target_parameters`)."""
 
 
 def pick_device(device: str | None = None) -> torch.device:
@@ -58,7 +61,8 @@ def load_causal_lm(folder: Path, dtype: torch.dtype, device: torch.device,
         from peft import LoraConfig, get_peft_model
 
         config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=0.0,
-                            target_modules=list(lora.target_modules), bias="none")
+                            target_modules=list(lora.target_modules), bias="none",
+                            target_parameters=expert_targets(model, lora) or None)
         model = get_peft_model(model, config)
         model.eval()
     return model
@@ -69,20 +73,39 @@ def trainable_parameters(model: Any) -> dict[str, torch.nn.Parameter]:
     return {name: p for name, p in model.named_parameters() if p.requires_grad}
 
 
-def lora_layers(model: Any) -> dict[str, Any]:
-    """The model's LoRA-wrapped layers by the server's weight name (`...q_proj.weight`)."""
-    from peft.tuners.lora import LoraLayer
+def expert_targets(model: Any, lora: LoraSettings) -> list[str]:
+    """`experts.<name>` for each of `lora.expert_parameters` the model's MoE layers hold."""
+    held = {name.rsplit(".", 1)[-1] for name, _ in model.named_parameters()
+            if ".experts." in name}
+    return [f"experts.{name}" for name in lora.expert_parameters if name in held]
 
-    prefix = "base_model.model."
-    return {f"{name.removeprefix(prefix)}.weight": module
-            for name, module in model.named_modules() if isinstance(module, LoraLayer)}
+
+def lora_layers(model: Any) -> dict[str, Any]:
+    """The model's LoRA-wrapped layers by the server's weight name (`...q_proj.weight`, or
+    `...mlp.experts.gate_up_proj` for an adapted expert weight)."""
+    from peft.tuners.lora import LoraLayer, ParamWrapper
+
+    layers = {}
+    for name, module in model.named_modules():
+        if not isinstance(module, LoraLayer):
+            continue
+        # Adapted expert weights nest: experts -> wrapper(down_proj) -> wrapper(gate_up_proj).
+        path = name.removeprefix("base_model.model.").replace(".base_layer", "")
+        weight = module.parameter_name if isinstance(module, ParamWrapper) else "weight"
+        layers[f"{path}.{weight}"] = module
+    return layers
+
+
+def base_weight(layer: Any) -> torch.Tensor:
+    """The frozen weight a LoRA layer adapts."""
+    return getattr(layer.get_base_layer(), getattr(layer, "parameter_name", None) or "weight")
 
 
 def merged_lora_weights(model: Any) -> dict[str, torch.Tensor]:
     """Base weight + the adapter's delta, for every adapted layer: what a server without LoRA
     support serves. Computed fresh, so the trained model itself is never merged in place."""
     with torch.no_grad():
-        return {name: layer.get_base_layer().weight + layer.get_delta_weight("default")
+        return {name: base_weight(layer) + layer.get_delta_weight("default")
                 for name, layer in lora_layers(model).items()}
 
 
