@@ -175,6 +175,26 @@ class RoutedExperts:
 
 
 @dataclass(frozen=True)
+class ChangedWeights:
+    """Which tensors of a weights file changed since an earlier version: a server that holds
+    exactly that version copies only these (an MoE step moves only the experts it routed to)."""
+
+    since_version: int
+    """The weights version the change is relative to."""
+    rows: Mapping[str, tuple[int, ...] | None]
+    """Tensor name -> the rows (indices along its first dimension, e.g. experts) that changed,
+    or None for the whole tensor. A tensor not named did not change."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rows", MappingProxyType(dict(self.rows)))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"since_version": self.since_version,
+                "rows": {name: None if rows is None else list(rows)
+                         for name, rows in self.rows.items()}}
+
+
+@dataclass(frozen=True)
 class Turn:
     """One model call, recorded token-exactly: the ids the model saw and the ids it sampled."""
 

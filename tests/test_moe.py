@@ -252,3 +252,55 @@ def test_lora_adapts_attention_and_every_expert_and_serves_merged(moe_dir):
     [trainer] = backend.forward([datum])
     assert max(abs(a - b) for a, b in zip(served.tolist(), trainer, strict=True)) <= 1e-4
     backend.close()
+
+
+def test_an_update_after_the_first_carries_only_the_experts_that_moved(moe_dir):
+    """A short sequence reaches only some experts; AdamW leaves the others exactly as they
+    were, so after the first (whole) update the next ones name only the moved expert rows
+    (and the dense tensors), move fewer bytes, and the server still ends up with exactly the
+    trainer's weights."""
+    from skyrl_agent.trainers.backend import AdamParams, Datum
+
+    sequence = [20, 21, 22, 23]  # three input tokens: at most 6 of 8 experts per layer
+    datum = Datum(tuple(sequence[:-1]), {
+        "target_tokens": tuple(float(t) for t in sequence[1:]), "weights": (1.0,) * 3,
+        "advantages": (1.0,) * 3, "logprobs": (-4.6,) * 3})
+    backend = TorchBackend(moe_dir, dtype="float32")
+
+    async def served(client: InferenceClient) -> tuple[Datum, tuple[float, ...]]:
+        """A sample of the served weights, as a datum, and the server's logprobs of it."""
+        from skyrl_agent.inference.client import Sampling
+
+        prompt = list(range(10, 40))
+        out = await client.complete(prompt, Sampling(max_tokens=24, seed=5))
+        sequence = prompt + list(out.token_ids)
+        return Datum(tuple(sequence[:-1]), {
+            "target_tokens": tuple(float(t) for t in sequence[1:])}), out.logprobs
+
+    async def steps(url: str, key: str | None) -> list:
+        updates = []
+        async with InferenceClient([url], api_keys=[key]) as client:
+            for version in (1, 2, 3):
+                backend.forward_backward([datum], "importance_sampling")
+                backend.optim_step(AdamParams(learning_rate=1e-2))
+                update = backend.save_weights_for_sampler(version)
+                await client.update_weights(str(update.path), version, update.changed)
+                updates.append(update)
+            return updates, await served(client)
+
+    try:
+        with embedded_server(str(moe_dir)) as server:  # its own: the weights change
+            updates, (sample, sampled) = asyncio.run(steps(server.url, server.api_key))
+        first, *later = updates
+        assert first.changed is None
+        for update in later:
+            assert update.changed is not None and update.nbytes < first.nbytes
+            experts = {n: r for n, r in update.changed.rows.items() if ".experts." in n}
+            assert experts and all(r is not None and 0 < len(r) < EXPERTS
+                                   for r in experts.values())
+            assert update.changed.rows["model.layers.0.self_attn.q_proj.weight"] is None
+        [trainer] = backend.forward([sample])
+        trained = trainer[-len(sampled):]
+        assert max(abs(a - b) for a, b in zip(sampled, trained, strict=True)) <= 1e-4
+    finally:
+        backend.close()

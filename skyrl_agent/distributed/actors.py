@@ -22,7 +22,7 @@ from skyrl_agent.data.store import StoreContents, TrajectoryStore
 from skyrl_agent.inference.client import Completion, InferenceClient, Sampling
 from skyrl_agent.inference.process import ServerProcess, embedded_server
 from skyrl_agent.tasks.model import TaskSpec
-from skyrl_agent.types import Trajectory, TrajectoryGroup
+from skyrl_agent.types import ChangedWeights, Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:  # only the trainer actor's process needs torch
     from skyrl_agent.trainers.backend import (
@@ -78,8 +78,9 @@ class RouterActor:
     async def resume(self) -> None:
         await self.client.resume()
 
-    async def update_weights(self, path: str, version: int) -> list[float]:
-        return await self.client.update_weights(path, version)
+    async def update_weights(self, path: str, version: int,
+                             changed: ChangedWeights | None = None) -> list[float]:
+        return await self.client.update_weights(path, version, changed)
 
     async def busy_seconds(self) -> float:
         return await self.client.busy_seconds()

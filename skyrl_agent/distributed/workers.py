@@ -46,7 +46,7 @@ from skyrl_agent.trainers.backend import (
 )
 from skyrl_agent.trainers.loss import LossConfig
 from skyrl_agent.trainers.workers import Workers
-from skyrl_agent.types import TrajectoryGroup
+from skyrl_agent.types import ChangedWeights, TrajectoryGroup
 
 log = logging.getLogger(__name__)
 
@@ -195,8 +195,9 @@ class RemoteServers:
     async def resume(self) -> None:
         await self.router.resume.remote()
 
-    async def update_weights(self, path: str, version: int) -> list[float]:
-        seconds: list[float] = await self.router.update_weights.remote(path, version)
+    async def update_weights(self, path: str, version: int,
+                             changed: ChangedWeights | None = None) -> list[float]:
+        seconds: list[float] = await self.router.update_weights.remote(path, version, changed)
         return seconds
 
     async def busy_seconds(self) -> float:

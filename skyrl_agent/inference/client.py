@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import aiohttp
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from skyrl_agent.types import RoutedExperts
+from skyrl_agent.types import ChangedWeights, RoutedExperts
 
 
 class InferenceError(Exception):
@@ -258,10 +258,14 @@ class InferenceClient:
         replies = await self._fan_out("GET", "/is_paused")
         return any(r["is_paused"] for r in replies)
 
-    async def update_weights(self, path: str, version: int) -> list[float]:
-        """Load a safetensors file on every server; returns each server's seconds."""
-        replies = await self._fan_out("POST", "/update_weights",
-                                      json={"path": str(path), "version": version})
+    async def update_weights(self, path: str, version: int,
+                             changed: ChangedWeights | None = None) -> list[float]:
+        """Load a safetensors file on every server (only `changed` on those that hold its
+        `since_version`); returns each server's seconds."""
+        body: dict[str, Any] = {"path": str(path), "version": version}
+        if changed is not None:
+            body["changed"] = changed.to_json()
+        replies = await self._fan_out("POST", "/update_weights", json=body)
         for server in self.servers:
             server.policy_version = version
         return [float(r.get("seconds", 0.0)) for r in replies]

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from skyrl_agent.trainers.loss import LossConfig
+from skyrl_agent.types import ChangedWeights
 
 DATUM_ARRAYS = ("target_tokens", "weights", "logprobs", "advantages", "policy_versions")
 """Per-position arrays a datum may carry: the next token; its loss weight (1 on sampled tokens,
@@ -117,6 +118,8 @@ class WeightUpdate:
     """Bytes of tensor data the server will copy."""
     seconds: float
     """Trainer-side time to produce the file."""
+    changed: ChangedWeights | None = None
+    """What changed since the previous update, for servers that hold it; None: load all."""
 
 
 @dataclass(frozen=True)

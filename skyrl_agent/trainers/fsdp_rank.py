@@ -58,6 +58,8 @@ _SCATTERED = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
 class FsdpRank(TorchBackend):
     """The torch backend's primitives on one rank, over an FSDP2-sharded model."""
 
+    sends_deltas = False
+
     def __init__(self, rank: int, world_size: int, device: str, model_folder: str,
                  lora: LoraSettings | None, dtype: str, micro_batch_tokens: int,
                  seed: int, routing_replay: bool = False) -> None:

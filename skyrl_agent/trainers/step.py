@@ -42,7 +42,7 @@ async def publish(backend: TrainerBackend, servers: ServerControl, version: int)
     started = time.perf_counter()
     await servers.pause("keep")
     try:
-        await servers.update_weights(str(update.path), update.version)
+        await servers.update_weights(str(update.path), update.version, update.changed)
     finally:
         await servers.resume()
     return update.seconds + time.perf_counter() - started

@@ -16,7 +16,7 @@ from skyrl_agent.agents.base import Agent
 from skyrl_agent.config import RunConfig
 from skyrl_agent.tasks.model import TaskSpec
 from skyrl_agent.trainers.backend import TrainerBackend
-from skyrl_agent.types import TrajectoryGroup
+from skyrl_agent.types import ChangedWeights, TrajectoryGroup
 
 
 class GroupSource(Protocol):
@@ -32,7 +32,8 @@ class ServerControl(Protocol):
 
     async def resume(self) -> None: ...
 
-    async def update_weights(self, path: str, version: int) -> list[float]: ...
+    async def update_weights(self, path: str, version: int,
+                             changed: ChangedWeights | None = None) -> list[float]: ...
 
     async def busy_seconds(self) -> float:
         """Seconds so far during which some generation was in flight."""

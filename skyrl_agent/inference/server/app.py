@@ -28,6 +28,7 @@ from skyrl_agent.inference.server.protocol import (
 )
 from skyrl_agent.inference.server.render import BadRequest
 from skyrl_agent.inference.server.weight_folders import WeightUpdateError
+from skyrl_agent.types import ChangedWeights
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 PAUSE_MODES = ("keep", "wait", "abort")
@@ -232,7 +233,10 @@ class EmbeddedServer:
 
     async def update_weights(self, request: web.Request) -> web.Response:
         body = await self._body(request, UpdateWeightsRequest)
-        seconds = await self.engine.update_weights(body.path, body.version)
+        changed = None if body.changed is None else ChangedWeights(
+            body.changed.since_version,
+            {k: None if v is None else tuple(v) for k, v in body.changed.rows.items()})
+        seconds = await self.engine.update_weights(body.path, body.version, changed)
         return web.json_response({"policy_version": body.version, "seconds": seconds})
 
     # ---- status --------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from skyrl_agent.inference.server.kv import KVBatch
 from skyrl_agent.inference.server.prefix_cache import PrefixCache
 from skyrl_agent.inference.server.sampling import Choice, SamplingParams, choose, make_generator
 from skyrl_agent.inference.server.weights import WeightLoader
+from skyrl_agent.types import ChangedWeights
 
 log = logging.getLogger(__name__)
 PauseMode = Literal["keep", "wait", "abort"]
@@ -172,9 +173,11 @@ class Engine:
     async def resume(self) -> None:
         await self._call(self._resume)
 
-    async def update_weights(self, path: str, version: int) -> float:
-        """Copy weights from a safetensors file at a step boundary; returns seconds taken."""
-        return await self._call(lambda: self._update_weights(path, version))
+    async def update_weights(self, path: str, version: int,
+                             changed: ChangedWeights | None = None) -> float:
+        """Copy weights from a safetensors file at a step boundary (only `changed`, when this
+        engine holds its `since_version`); returns seconds taken."""
+        return await self._call(lambda: self._update_weights(path, version, changed))
 
     def stats(self) -> EngineStats:
         now = time.monotonic()
@@ -388,9 +391,11 @@ class Engine:
     def _resume(self) -> None:
         self._paused = self._draining = False
 
-    def _update_weights(self, path: str, version: int) -> float:
+    def _update_weights(self, path: str, version: int, changed: ChangedWeights | None) -> float:
         started = time.perf_counter()
-        self._weights.load(self.model, path)
+        if changed is not None and changed.since_version != self.policy_version:
+            changed = None  # this engine missed an update: take everything
+        self._weights.load(self.model, path, None if changed is None else changed.rows)
         self.policy_version = version
         self._prefix.clear()  # cached KV was computed by the old weights
         return time.perf_counter() - started

@@ -159,8 +159,18 @@ class DetokenizeRequest(_Body):
     tokens: list[int]
 
 
+class ChangedTensors(_Body):
+    """The tensors of the file that changed since `since_version` (see types.ChangedWeights)."""
+
+    since_version: int = Field(ge=0)
+    rows: dict[str, list[int] | None]
+
+
 class UpdateWeightsRequest(_Body):
     """POST /update_weights: a safetensors file written by the trainer, and its version."""
 
     path: str
     version: int = Field(ge=0)
+    changed: ChangedTensors | None = None
+    """Only these tensors (rows) changed since `since_version`: a server holding that version
+    copies them alone; any other server copies the whole file."""

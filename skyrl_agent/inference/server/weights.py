@@ -15,6 +15,7 @@ import os
 import stat
 import struct
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -76,8 +77,10 @@ class WeightLoader:
         self._key: tuple[str, int, int, int] | None = None
         self._mapped: mmap.mmap | None = None
 
-    def load(self, model: Any, path: str | Path) -> int:
-        """Copy the tensors in `path` into `model` in place; returns how many were copied."""
+    def load(self, model: Any, path: str | Path,
+             rows: Mapping[str, tuple[int, ...] | None] | None = None) -> int:
+        """Copy the tensors in `path` into `model` in place; with `rows`, only the tensors it
+        names (only their listed rows where it lists any). Returns how many were copied."""
         path = Path(path)
         fd = self.folders.open(path) if self.folders else _open_plain(path)
         try:
@@ -91,12 +94,33 @@ class WeightLoader:
                 self._key = key
         finally:
             os.close(fd)
-        return _copy_into(model, self._mapped, path.name)
+        return _copy_into(model, self._mapped, path.name, rows)
 
     def close(self) -> None:
         if self._mapped is not None:
             self._mapped.close()
         self._mapped, self._key = None, None
+
+
+def _runs(rows: tuple[int, ...]) -> list[tuple[int, int]]:
+    """Sorted rows as [first, end) ranges of consecutive ones."""
+    runs: list[tuple[int, int]] = []
+    for row in sorted(set(rows)):
+        if runs and runs[-1][1] == row:
+            runs[-1] = (runs[-1][0], row + 1)
+        else:
+            runs.append((row, row + 1))
+    return runs
+
+
+def _check_rows(rows: Mapping[str, tuple[int, ...] | None], header: dict[str, Any],
+                params: dict[str, torch.Tensor], name: str) -> None:
+    for key, picked in rows.items():
+        if key not in header:
+            raise WeightUpdateError(f"{name}: changed tensor {key} is not in the file")
+        if picked is not None and any(not 0 <= r < params[key].shape[0] for r in picked):
+            raise WeightUpdateError(f"{name}: a changed row of {key} is outside its "
+                                    f"{params[key].shape[0]} rows")
 
 
 def load_weights(model: Any, path: str | Path) -> int:
@@ -122,10 +146,14 @@ def _map(fd: int, name: str) -> mmap.mmap:
         raise WeightUpdateError(f"cannot read {name} as safetensors: empty file") from None
 
 
-def _copy_into(model: Any, mapped: mmap.mmap, name: str) -> int:
+def _copy_into(model: Any, mapped: mmap.mmap, name: str,
+               rows: Mapping[str, tuple[int, ...] | None] | None = None) -> int:
     params = model.state_dict(keep_vars=True)
     data_start, header = _read_header(mapped, name)
     _check(header, params, name, data_start, len(mapped))
+    if rows is not None:
+        _check_rows(rows, header, params, name)
+        header = {key: info for key, info in header.items() if key in rows}
     buffer = memoryview(mapped)
     try:
         with torch.no_grad(), warnings.catch_warnings():
@@ -137,7 +165,13 @@ def _copy_into(model: Any, mapped: mmap.mmap, name: str) -> int:
                     continue
                 source = torch.frombuffer(buffer[data_start + begin : data_start + end],
                                           dtype=_DTYPES[info["dtype"]])
-                params[key].copy_(source.view(params[key].shape))
+                target, picked = params[key], None if rows is None else rows[key]
+                if picked is None:
+                    target.copy_(source.view(target.shape))
+                else:  # runs of consecutive rows: plain copies, not a gather and scatter
+                    shaped = source.view(target.shape)
+                    for first, end in _runs(picked):
+                        target[first:end].copy_(shaped[first:end])
                 del source  # a live view would keep the mapping from closing
     finally:
         buffer.release()

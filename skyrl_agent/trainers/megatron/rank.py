@@ -51,6 +51,8 @@ _NEG = -1e30
 class MegatronRank(TorchBackend):
     """Tinker's primitives on one tensor-parallel shard of a GPTModel."""
 
+    sends_deltas = False
+
     def __init__(self, rank: int, world_size: int, device: str, model_folder: str,
                  tp: int, lora: LoraSettings | None, dtype: str,
                  micro_batch_tokens: int, seed: int) -> None:
