@@ -23,6 +23,7 @@ from skyrl_agent.trainers.torch_backend import TorchBackend
 from skyrl_agent.types import FinishReason, Reward, RoutedExperts, Segment, Trajectory, Turn
 from tests.tiny_models import char_model_dir, char_moe_dir, char_tokenizer
 
+pytestmark = pytest.mark.slow
 EXPERTS, TOP_K, LAYERS = 8, 2, 2
 
 
@@ -304,3 +305,17 @@ def test_an_update_after_the_first_carries_only_the_experts_that_moved(moe_dir):
         assert max(abs(a - b) for a, b in zip(sampled, trained, strict=True)) <= 1e-4
     finally:
         backend.close()
+
+
+def test_routing_replay_on_a_dense_model_and_expert_adapters_on_fsdp_are_one_line_errors(
+        tmp_path, moe_dir):
+    """Stops a run from starting servers and trainers for a combination it cannot honour."""
+    from tests.test_cli import assert_one_line_error, run
+
+    dense = run("train", "--tasks", "toy", "--set", "trainer.routing_replay=true",
+                "--output", str(tmp_path / "dense"))
+    assert_one_line_error(dense, "trainer.routing_replay needs a mixture-of-experts model")
+    fsdp = run("train", "--tasks", "toy", "--set", f"inference.model={moe_dir}",
+               "--set", "trainer.backend=fsdp", "--set", "trainer.data_parallel=2",
+               "--set", "trainer.lora_rank=4", "--output", str(tmp_path / "fsdp"))
+    assert_one_line_error(fsdp, "needs trainer.backend=torch")

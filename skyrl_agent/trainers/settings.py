@@ -24,6 +24,25 @@ def check_trainable(config: RunConfig) -> None:
                           f"a task: set collector.n_samples_per_task >= 2 (it is {n})")
     if config.trainer.backend == "megatron":
         check_megatron(config)
+    if config.trainer.routing_replay or (config.trainer.backend == "fsdp"
+                                         and config.trainer.lora_rank):
+        check_moe(config)
+
+
+def check_moe(config: RunConfig) -> None:
+    """Routing replay needs an MoE model; FSDP2 has no adapters on MoE experts."""
+    from transformers import AutoConfig
+
+    from skyrl_agent.inference.models import resolve_model
+
+    model = AutoConfig.from_pretrained(resolve_model(config.inference.model))
+    experts = getattr(model, "num_experts", None) or getattr(model, "num_local_experts", None)
+    if config.trainer.routing_replay and not experts:
+        raise ConfigError(f"trainer.routing_replay needs a mixture-of-experts model; "
+                          f"{config.inference.model} ({model.model_type}) has no experts")
+    if experts and config.trainer.backend == "fsdp" and config.trainer.lora_rank:
+        raise ConfigError("LoRA on an MoE model's experts needs trainer.backend=torch (the "
+                          "FSDP2 backend does not gather per-expert adapters for the sampler)")
 
 
 def check_megatron(config: RunConfig) -> None:
