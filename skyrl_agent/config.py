@@ -191,6 +191,9 @@ class TrainerConfig(_Section):
     tensor_parallel: int = Field(default=1, ge=1)
     """`megatron`: ranks each layer's weights are split over (must divide the model's attention
     and key-value heads)."""
+    expert_parallel: int = Field(default=1, ge=1)
+    """`megatron`, MoE models: data-parallel copies an MoE layer's experts are split over (must
+    divide data_parallel and the number of experts); tokens reach their experts by all-to-all."""
     advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"] = "grpo"
     """Advantage estimator within each group (all need n_samples_per_task >= 2)."""
     loss_fn: Literal["ppo", "gspo", "cispo", "importance_sampling"] = "ppo"
@@ -254,9 +257,10 @@ class TrainerConfig(_Section):
                              f"(the torch backend is one process)")
         if self.backend != "megatron" and self.tensor_parallel > 1:
             raise ValueError(f"tensor_parallel={self.tensor_parallel} needs backend=megatron")
-        if self.backend == "megatron" and self.routing_replay:
-            raise ValueError("routing_replay needs backend=torch or fsdp (the megatron backend "
-                             "builds dense Llama-layout models)")
+        if self.expert_parallel > 1 and (self.backend != "megatron"
+                                         or self.data_parallel % self.expert_parallel):
+            raise ValueError(f"expert_parallel={self.expert_parallel} needs backend=megatron "
+                             f"and must divide data_parallel={self.data_parallel}")
         return self
 
     @property

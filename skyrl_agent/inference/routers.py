@@ -100,6 +100,9 @@ class ReplayCount:
     def share(self) -> float:
         return self.differing / self.decisions if self.decisions else 0.0
 
+    def reset(self) -> None:
+        self.decisions = self.differing = 0
+
 
 @contextlib.contextmanager
 def replayed_routing(model: Any, experts_NLK: torch.Tensor, count: ReplayCount | None = None,

@@ -60,7 +60,7 @@ def check_megatron(config: RunConfig) -> None:
     from skyrl_agent.trainers.megatron.backend import check_parallelism
 
     problem = check_parallelism(resolve_model(config.inference.model),
-                                config.trainer.tensor_parallel)
+                                config.trainer.tensor_parallel, config.trainer.expert_parallel)
     if problem:
         raise ConfigError(problem)
 
@@ -101,10 +101,11 @@ def build_backend(folder: Path, trainer: TrainerConfig, lora: LoraSettings | Non
         from skyrl_agent.trainers.megatron.backend import MegatronBackend
 
         return MegatronBackend(folder, tensor_parallel=trainer.tensor_parallel,
-                               data_parallel=trainer.data_parallel, lora=lora,
+                               data_parallel=trainer.data_parallel,
+                               expert_parallel=trainer.expert_parallel, lora=lora,
                                dtype=trainer.dtype,
                                micro_batch_tokens=trainer.micro_batch_tokens, seed=seed,
-                               ranks=ranks)
+                               ranks=ranks, routing_replay=trainer.routing_replay)
     if trainer.backend == "fsdp":
         from skyrl_agent.trainers.fsdp_backend import FsdpBackend
 
@@ -121,9 +122,11 @@ def build_backend(folder: Path, trainer: TrainerConfig, lora: LoraSettings | Non
 def describe_backend(trainer: TrainerConfig) -> str:
     """The backend in a few words, for plans."""
     if trainer.backend == "megatron":
+        experts = (f", experts split {trainer.expert_parallel} ways"
+                   if trainer.expert_parallel > 1 else "")
         return (f"Megatron over {trainer.tensor_parallel * trainer.data_parallel} rank "
                 f"processes (tensor parallel {trainer.tensor_parallel} x data parallel "
-                f"{trainer.data_parallel})")
+                f"{trainer.data_parallel}{experts})")
     if trainer.backend == "fsdp":
         return f"FSDP2 over {trainer.data_parallel} rank processes"
     return "torch in one process"

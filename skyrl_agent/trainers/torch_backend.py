@@ -141,7 +141,7 @@ class TorchBackend:
             loss, metrics = micro_batch_loss(loss_fn, config, batch)
             if self.routing.decisions:
                 metrics["routing/differing"] = self.routing.share
-                self.routing = ReplayCount()
+                self.routing.reset()
             loss.backward()
             if not rows:
                 continue

@@ -18,29 +18,36 @@ from skyrl_agent.trainers.sharded import ShardedBackend
 from skyrl_agent.trainers.torch_model import LoraSettings, pick_device
 
 
-def check_parallelism(model_folder: Path, tensor_parallel: int) -> str | None:
-    """Why the model in `model_folder` cannot be split `tensor_parallel` ways, or None (reads
-    only its config)."""
+def check_parallelism(model_folder: Path, tensor_parallel: int,
+                      expert_parallel: int = 1) -> str | None:
+    """Why the model in `model_folder` cannot be split `tensor_parallel` ways (its experts
+    `expert_parallel` ways), or None (reads only its config)."""
     from transformers import AutoConfig
 
     from skyrl_agent.trainers.megatron.mapping import unsupported
 
-    return unsupported(AutoConfig.from_pretrained(model_folder), tensor_parallel)
+    return unsupported(AutoConfig.from_pretrained(model_folder), tensor_parallel,
+                       expert_parallel)
 
 
 class MegatronBackend(ShardedBackend):
     """A TrainerBackend over `data_parallel` copies of a GPTModel, each split over
-    `tensor_parallel` ranks."""
+    `tensor_parallel` ranks; an MoE model's experts are split over `expert_parallel` of the
+    copies (tokens travel to their experts' rank and back by all-to-all)."""
 
     def __init__(self, model_folder: Path, *, tensor_parallel: int = 2, data_parallel: int = 1,
-                 lora: LoraSettings | None = None, device: str | None = None,
-                 dtype: str = "auto", micro_batch_tokens: int = 2048, seed: int = 0,
-                 ranks: StartRanks | None = None) -> None:
+                 expert_parallel: int = 1, lora: LoraSettings | None = None,
+                 device: str | None = None, dtype: str = "auto", micro_batch_tokens: int = 2048,
+                 seed: int = 0, ranks: StartRanks | None = None,
+                 routing_replay: bool = False) -> None:
         self.model_folder = Path(model_folder)
         if lora is not None:
             raise ValueError("LoRA is not available with trainer.backend=megatron yet; use "
                              "trainer.backend=fsdp or torch for LoRA")
-        problem = check_parallelism(self.model_folder, tensor_parallel)
+        if data_parallel % expert_parallel:
+            raise ValueError(f"expert_parallel={expert_parallel} must divide "
+                             f"data_parallel={data_parallel} (experts are split over copies)")
+        problem = check_parallelism(self.model_folder, tensor_parallel, expert_parallel)
         if problem:
             raise ValueError(problem)
         kind = pick_device(device).type
@@ -52,4 +59,5 @@ class MegatronBackend(ShardedBackend):
                          data_parallel=data_parallel, model_parallel=tensor_parallel,
                          device=kind, micro_batch_tokens=micro_batch_tokens,
                          settings={"model_folder": str(self.model_folder), "tp": tensor_parallel,
+                                   "ep": expert_parallel, "routing_replay": routing_replay,
                                    "lora": None, "dtype": dtype, "seed": seed}, ranks=ranks)

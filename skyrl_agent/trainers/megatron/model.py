@@ -55,7 +55,11 @@ class HostRotaryEmbedding(RotaryEmbedding):
 
 
 def build_gpt(config: Any, layout: Layout, dtype: torch.dtype, on_cpu: bool) -> GPTModel:
-    """An uninitialised GPTModel shard of this rank (weights are loaded after)."""
+    """An uninitialised GPTModel shard of this rank (weights are loaded after); a Qwen3-MoE's
+    layers are megatron's MoE layers (see `moe`)."""
+    from skyrl_agent.trainers.megatron.moe import moe_settings, use_host_router
+
+    moe = moe_settings(config, layout, on_cpu) if layout.experts else {}
     transformer = TransformerConfig(
         num_layers=layout.layers, hidden_size=layout.hidden,
         num_attention_heads=layout.heads, num_query_groups=layout.kv_heads,
@@ -65,9 +69,13 @@ def build_gpt(config: Any, layout: Layout, dtype: torch.dtype, on_cpu: bool) -> 
         attention_dropout=0.0, tensor_model_parallel_size=layout.tp, sequence_parallel=False,
         params_dtype=dtype, use_cpu_initialization=True, perform_initialization=False,
         masked_softmax_fusion=False, bias_activation_fusion=False, bias_dropout_fusion=False,
-        apply_rope_fusion=False, gradient_accumulation_fusion=False, persist_layer_norm=False)
-    spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+        apply_rope_fusion=False, gradient_accumulation_fusion=False, persist_layer_norm=False,
+        **moe)
+    spec = get_gpt_layer_local_spec(normalization="RMSNorm", num_experts=layout.experts or None,
+                                    moe_grouped_gemm=False, qk_layernorm=bool(layout.experts))
     spec.submodules.self_attention.submodules.core_attention = SdpaAttention
+    if layout.experts and on_cpu:
+        use_host_router(spec)
     model = GPTModel(transformer, spec, vocab_size=layout.padded_vocab,
                      max_sequence_length=config.max_position_embeddings, pre_process=True,
                      post_process=True, parallel_output=True,

@@ -15,6 +15,7 @@ the one-process backend's checkpoint, and either resumes the other.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -44,6 +45,11 @@ from skyrl_agent.trainers.passes import rng_state, set_rng_state, stack
 from skyrl_agent.trainers.torch_backend import TorchBackend
 from skyrl_agent.trainers.torch_model import LoraSettings, export_model, load_causal_lm
 
+
+def _is_expert(name: str) -> bool:
+    return ".mlp.experts." in name
+
+
 _NEG = -1e30
 """Logit of a padding row of the vocabulary: finite (entropy multiplies it by 0), never drawn."""
 
@@ -55,11 +61,13 @@ class MegatronRank(TorchBackend):
 
     def __init__(self, rank: int, world_size: int, device: str, model_folder: str,
                  tp: int, lora: LoraSettings | None, dtype: str,
-                 micro_batch_tokens: int, seed: int) -> None:
+                 micro_batch_tokens: int, seed: int, ep: int = 1,
+                 routing_replay: bool = False) -> None:
         if lora is not None:
             raise ValueError("LoRA is not available with trainer.backend=megatron yet; use "
                              "trainer.backend=fsdp or torch for LoRA")
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp,
+                                                 expert_model_parallel_size=ep)
         # Dropout is 0: the no-op tracker is exact (the training tracker seeds CUDA).
         from megatron.core.tensor_parallel.random import initialize_rng_tracker
 
@@ -69,6 +77,11 @@ class MegatronRank(TorchBackend):
         self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
         self.tp_group = parallel_state.get_tensor_model_parallel_group()
         self.dp_group = parallel_state.get_data_parallel_group()
+        self.ep = ep
+        self.ep_rank = parallel_state.get_expert_model_parallel_rank()
+        self.ep_group = parallel_state.get_expert_model_parallel_group()
+        self.expert_dp_group = parallel_state.get_expert_data_parallel_group()
+        self.replays_routing = routing_replay
         if self.tp_rank != rank % tp:
             raise RuntimeError("unexpected rank order: the driver assumes consecutive TP ranks")
         self.on_cpu = not device.startswith("cuda")
@@ -78,11 +91,11 @@ class MegatronRank(TorchBackend):
 
     def _place(self, model: Any) -> Any:
         """The Hugging Face model -> this rank's GPTModel shard (the HF copy is dropped)."""
-        problem = unsupported(model.config, self.tp)
+        problem = unsupported(model.config, self.tp, self.ep)
         if problem:
             raise ValueError(problem)
-        self.layout = Layout.of(model.config, self.tp)
-        self.pieces: list[Piece] = pieces(self.layout)
+        self.layout = Layout.of(model.config, self.tp, self.ep)
+        self.pieces: list[Piece] = pieces(self.layout, self.ep_rank)
         full = dict(model.state_dict())
         self.server_shapes = {name: (tuple(p.shape), p.dtype)
                               for name, p in model.named_parameters()}
@@ -96,14 +109,17 @@ class MegatronRank(TorchBackend):
     # ---- the forward pass over a split vocabulary ------------------------------------------
 
     def _logprobs(self, model: Any, data: Sequence[Datum]) -> tuple[torch.Tensor, torch.Tensor]:
-        width = max(len(d.model_input) for d in data)
-        input_ids = torch.zeros(len(data), width, dtype=torch.long)
+        rows, width = self._batch_shape(data)
+        input_ids = torch.zeros(rows, width, dtype=torch.long)
         for row, datum in enumerate(data):
             input_ids[row, : len(datum.model_input)] = torch.tensor(datum.model_input)
-        positions = torch.arange(width).expand(len(data), width)
+        positions = torch.arange(width).expand(rows, width)
         causal = torch.ones(1, 1, width, width, dtype=torch.bool)  # unread: see SdpaAttention
-        logits_BTV = model(input_ids.to(self.device), positions.to(self.device),
-                           causal.to(self.device)).float()
+        with self._router_inputs(model, data, rows, width):
+            logits_BTV = model(input_ids.to(self.device), positions.to(self.device),
+                               causal.to(self.device)).float()
+        width = max(len(d.model_input) for d in data)
+        logits_BTV = logits_BTV[: len(data), :width]  # without the padding _batch_shape added
         first = self.tp_rank * logits_BTV.shape[-1]
         padding = torch.arange(first, first + logits_BTV.shape[-1], device=self.device) \
             >= self.layout.vocab
@@ -116,6 +132,46 @@ class MegatronRank(TorchBackend):
             logits_TBV, targets_BT.transpose(0, 1).contiguous(), tp_group=self.tp_group)
         return -loss_TB.transpose(0, 1), logits_BTV
 
+    def _batch_shape(self, data: Sequence[Datum]) -> tuple[int, int]:
+        """Rows and width of the forward's input. On CPU the expert-parallel all-to-all runs in
+        drop-and-pad mode (see `moe`), whose buffers are sized by the tokens of each rank: every
+        rank of the expert-parallel group pads its micro-batch to the group's largest shape."""
+        shape = (len(data), max(len(d.model_input) for d in data))
+        if not (self.layout.experts and self.ep > 1 and self.on_cpu):
+            return shape
+        largest = torch.tensor(shape)
+        dist.all_reduce(largest, op=dist.ReduceOp.MAX, group=self.ep_group)
+        return int(largest[0]), int(largest[1])
+
+    @contextlib.contextmanager
+    def _router_inputs(self, model: Any, data: Sequence[Datum], rows: int,
+                 width: int) -> Iterator[None]:
+        """The sampler's routing given to each MoE router of `model` for this forward (R3), or
+        only compared with the router's own choice when replay is off."""
+        if not self.layout.experts or all(d.routed_experts is None for d in data):
+            yield
+            return
+        from skyrl_agent.trainers.megatron.moe import attach_replay
+
+        hooks = getattr(model, "replay_hooks", None)
+        if hooks is None:
+            hooks = model.replay_hooks = attach_replay(model, self.routing, self.replays_routing)
+        shape = next(d.routed_experts.shape for d in data if d.routed_experts is not None)
+        experts_BTLK = torch.full((rows, width, *shape[1:]), -1, dtype=torch.long)
+        for row, datum in enumerate(data):
+            if datum.routed_experts is not None:
+                experts_BTLK[row, : len(datum.model_input)] = torch.from_numpy(
+                    datum.routed_experts)
+        # Megatron's tokens run sequence-major: row t * batch + b.
+        experts_NLK = experts_BTLK.transpose(0, 1).flatten(0, 1)
+        for layer, hook in enumerate(hooks):
+            hook.recorded_NK = experts_NLK[:, layer]
+        try:
+            yield
+        finally:
+            for hook in hooks:
+                hook.recorded_NK = None
+
     def _entropy(self, logits_BTV: torch.Tensor) -> torch.Tensor:
         """H = logsumexp(z) - sum_v p_v z_v, each sum over the vocabulary split across ranks."""
         top_BT = logits_BTV.max(dim=-1).values
@@ -126,23 +182,30 @@ class MegatronRank(TorchBackend):
         return sums[0].log() + top_BT - sums[1] / sums[0]
 
     def _clip_gradients(self, limit: float) -> float:
-        """Sum gradients over data-parallel copies, then clip by the global norm."""
+        """Sum gradients over data-parallel copies, then clip by the global norm. An expert's
+        gradient already holds every expert-parallel rank's tokens (they reached it through the
+        all-to-all): it is summed only over the copies of that expert."""
         grads = [p.grad for p in self.params.values() if p.grad is not None]
-        if dist.get_world_size(self.dp_group) > 1:
-            for grad in grads:
-                dist.all_reduce(grad, group=self.dp_group)
+        for name, param in self.params.items():
+            group = self.expert_dp_group if _is_expert(name) else self.dp_group
+            if param.grad is not None and dist.get_world_size(group) > 1:
+                dist.all_reduce(param.grad, group=group)
         sharded = torch.zeros((), dtype=torch.float64, device=self.device)
+        experts = torch.zeros((), dtype=torch.float64, device=self.device)
         replicated = torch.zeros((), dtype=torch.float64, device=self.device)
-        for param in self.params.values():
+        for name, param in self.params.items():
             if param.grad is None:
                 continue
             square = param.grad.double().pow(2).sum()
-            if getattr(param, "tensor_model_parallel", False):
+            if _is_expert(name):
+                experts += square  # each expert-parallel rank holds other experts
+            elif getattr(param, "tensor_model_parallel", False):
                 sharded += square
             else:
                 replicated += square  # the same on every TP rank: counted once
         dist.all_reduce(sharded, group=self.tp_group)
-        norm = math.sqrt(float(sharded + replicated))
+        dist.all_reduce(experts, group=self.ep_group)
+        norm = math.sqrt(float(sharded + experts + replicated))
         scale = min(1.0, limit / (norm + 1e-6))
         if scale < 1.0:
             for grad in grads:
@@ -154,8 +217,15 @@ class MegatronRank(TorchBackend):
     def _gathered(self, local: dict[str, torch.Tensor | None]) -> Iterator[
             tuple[Piece, dict[str, torch.Tensor]]]:
         """Each piece's full HF tensors from `local` shards (by Megatron name), one piece at a
-        time; every rank takes part, the TP group's ranks all receive them."""
+        time (an MoE layer's experts of one weight together); every rank takes part, the TP
+        group's ranks all receive them."""
+        done: set[str] = set()
         for piece in self.pieces:
+            if piece.kind == "expert":
+                if piece.hf[0] not in done:
+                    done.add(piece.hf[0])
+                    yield from self._gathered_experts(piece, local)
+                continue
             tensor = local.get(piece.megatron)
             if tensor is None:
                 continue
@@ -165,6 +235,21 @@ class MegatronRank(TorchBackend):
             shards = [torch.empty_like(tensor) for _ in range(self.tp)]
             dist.all_gather(shards, tensor.detach().contiguous(), group=self.tp_group)
             yield piece, unshard(piece, [s.cpu() for s in shards], self.layout)
+
+    def _gathered_experts(self, first: Piece, local: dict[str, torch.Tensor | None],
+                          ) -> Iterator[tuple[Piece, dict[str, torch.Tensor]]]:
+        """The stacked [experts, ...] HF tensor of `first`'s weight, from every expert-parallel
+        rank's local experts (a missing local tensor, e.g. no moment yet, counts as zeros)."""
+        group = [p for p in self.pieces if p.hf == first.hf]
+        slices = []
+        for piece in group:
+            tensor = local.get(piece.megatron)
+            slices.append(torch.zeros_like(self.params[piece.megatron]) if tensor is None
+                          else tensor.detach())
+        mine = torch.stack(slices)
+        stacks = [torch.empty_like(mine) for _ in range(self.ep)]
+        dist.all_gather(stacks, mine.contiguous(), group=self.ep_group)
+        yield first, {first.hf[0]: torch.cat([s.cpu() for s in stacks])}
 
     def full_tensors(self, kind: str) -> dict[str, torch.Tensor] | None:
         """Rank 0: every parameter (`params`) or gradient (`grads`), whole, by HF names."""
