@@ -19,17 +19,22 @@ from tests.tiny_models import char_model_dir, char_moe_dir
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("backend", ["torch", "fsdp", "megatron"])
+@pytest.mark.parametrize("backend", ["torch", "fsdp", "megatron", "megatron-moe"])
 def test_rl_learns_a_toy_task_with_a_random_model(tmp_path, work_root, backend):
     """toy/eight-a rewards the share of a's among the first 8 characters of the reply. A random
     1-layer model over ~100 characters writes about 3% a's; GRPO with PPO must lift it past 90%
     within 12 steps of 16 samples (seeded: it gets there at step 8). The same with the model
     sharded over two FSDP2 ranks or split tensor-parallel over two Megatron ranks, whose weights
-    reach the server gathered tensor by tensor."""
-    model = char_model_dir(tmp_path / "model")
+    reach the server gathered tensor by tensor. And a tiny Qwen3-MoE on Megatron with its experts
+    split over two ranks, replaying the server's routing (R3): its experts reach the server
+    gathered from both ranks, and no routing decision of the trainer differs."""
+    moe = backend == "megatron-moe"
+    model = char_moe_dir(tmp_path / "model") if moe else char_model_dir(tmp_path / "model")
     ranks = {"torch": [], "fsdp": ["trainer.data_parallel=2"],
-             "megatron": ["trainer.tensor_parallel=2"]}[backend]
-    config = load_config(None, [f"trainer.backend={backend}", *ranks,
+             "megatron": ["trainer.tensor_parallel=2"],
+             "megatron-moe": ["trainer.data_parallel=2", "trainer.expert_parallel=2",
+                              "trainer.routing_replay=true"]}[backend]
+    config = load_config(None, [f"trainer.backend={backend.removesuffix('-moe')}", *ranks,
         "agent.name=answer", "tasks.source=toy", f"inference.model={model}",
         "inference.max_tokens=8", "collector.n_samples_per_task=16",
         "trainer.learning_rate=3e-2", "trainer.max_steps=12", f"sandbox.work_root={work_root}"])
@@ -42,6 +47,8 @@ def test_rl_learns_a_toy_task_with_a_random_model(tmp_path, work_root, backend):
     assert len(stored) == 12 * 16
     assert all(t.segments[0].turns[0].policy_version == t.sample_index // 16 for t in stored)
     assert all(r.metrics["agreement/max_abs_diff"] < 1e-3 for r in results)
+    if moe:
+        assert all(r.metrics["routing/differing"] == 0.0 for r in results)
 
 
 def test_moe_with_lora_learns_a_toy_task_replaying_the_sampler_routing(tmp_path, work_root):
