@@ -201,3 +201,35 @@ async def test_a_token_budget_stops_a_straggler_across_turns(tokenizer):
         assert session.sampled_tokens == 10
         with pytest.raises(TokenBudgetSpent):
             await session.chat([{"role": "user", "content": "again"}])
+
+
+def test_a_turn_stores_only_the_routing_its_segment_does_not_hold_yet():
+    """R3 routing is O(tokens) per segment: a turn that extends the previous one keeps the rows
+    from where that one's ended; a turn that does not extend it (or follows one without
+    routing) keeps the completion's whole record."""
+    import numpy as np
+
+    from skyrl_agent.agents.session import _new_routing
+    from skyrl_agent.inference.client import Completion
+    from skyrl_agent.types import RoutedExperts, Turn
+
+    def routed(start: int, rows: int) -> RoutedExperts:
+        return RoutedExperts.from_array(np.arange(rows * 4).reshape(rows, 2, 2) % 7, start)
+
+    def completion(rows: int | None) -> Completion:
+        return Completion((9, 9), (-0.1, -0.2), (0, 0), "stop", "", "s",
+                          routed_experts=None if rows is None else routed(0, rows))
+
+    def turn(prompt: tuple[int, ...], routing: RoutedExperts | None) -> Turn:
+        return Turn(prompt, (5, 6), (-0.1, -0.2), (1, 1), 0, FinishReason.STOP,
+                    routed_experts=routing)
+
+    first = turn((1, 2, 3), routed(0, 4))
+    assert _new_routing([], [1, 2, 3], completion(4)) == routed(0, 4)
+    extended = _new_routing([first], [1, 2, 3, 5, 6, 7], completion(7))
+    assert extended is not None and (extended.start, extended.end) == (4, 7)
+    assert (extended.array() == routed(0, 7).array()[4:]).all()
+    assert _new_routing([first], [1, 2, 4, 5, 6, 7], completion(7)) == routed(0, 7)
+    assert _new_routing([turn((1, 2, 3), None)], [1, 2, 3, 5, 6, 7], completion(7)) == \
+        routed(0, 7)
+    assert _new_routing([first], [1, 2, 3, 5, 6, 7], completion(None)) is None
