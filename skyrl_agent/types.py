@@ -188,6 +188,10 @@ class ChangedWeights:
     def __post_init__(self) -> None:
         object.__setattr__(self, "rows", MappingProxyType(dict(self.rows)))
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The read-only mapping cannot be pickled; Ray actors and rank processes pickle this.
+        return (ChangedWeights, (self.since_version, dict(self.rows)))
+
     def to_json(self) -> dict[str, Any]:
         return {"since_version": self.since_version,
                 "rows": {name: None if rows is None else list(rows)

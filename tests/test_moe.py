@@ -5,6 +5,7 @@ trainers (Rollout Routing Replay, R3)."""
 from __future__ import annotations
 
 import asyncio
+import pickle
 import urllib.request
 
 import numpy as np
@@ -300,6 +301,8 @@ def test_an_update_after_the_first_carries_only_the_experts_that_moved(moe_dir):
             assert experts and all(r is not None and 0 < len(r) < EXPERTS
                                    for r in experts.values())
             assert update.changed.rows["model.layers.0.self_attn.q_proj.weight"] is None
+            # It crosses processes (Ray's router actor): it must survive plain pickling.
+            assert pickle.loads(pickle.dumps(update.changed)) == update.changed
         [trainer] = backend.forward([sample])
         trained = trainer[-len(sampled):]
         assert max(abs(a - b) for a, b in zip(sampled, trained, strict=True)) <= 1e-4
