@@ -390,3 +390,42 @@ def test_megatron_moe_matches_the_torch_backend_replaying_the_same_routing(
                    for n, p in resumed.model.named_parameters())
     finally:
         megatron.close()
+
+
+def test_a_lora_update_names_only_the_experts_whose_adapters_moved(moe_dir):
+    """With LoRA the sampler gets merged weights; an expert whose adapter rows never moved keeps
+    its merged slice, so the update leaves it out. Applying the named rows to the previous
+    update gives exactly the new one (nothing that moved is missed)."""
+    from safetensors.torch import load_file
+
+    from skyrl_agent.trainers.backend import AdamParams, Datum
+    from skyrl_agent.trainers.torch_model import LoraSettings
+
+    sequence = [20, 21, 22, 23]  # three input tokens: at most 6 of 8 experts per layer
+    datum = Datum(tuple(sequence[:-1]), {
+        "target_tokens": tuple(float(t) for t in sequence[1:]), "weights": (1.0,) * 3,
+        "advantages": (1.0,) * 3, "logprobs": (-4.6,) * 3})
+    backend = TorchBackend(moe_dir, dtype="float32", lora=LoraSettings(rank=4, alpha=8))
+    try:
+        published = []
+        for version in (1, 2):
+            backend.forward_backward([datum], "importance_sampling")
+            backend.optim_step(AdamParams(learning_rate=1e-2))
+            update = backend.save_weights_for_sampler(version)
+            published.append((update, load_file(update.path)))
+        (first, before), (second, after) = published
+        assert first.changed is None and second.changed is not None
+        rows = second.changed.rows
+        experts = {n: r for n, r in rows.items() if ".experts." in n}
+        assert experts and all(r is not None and 0 < len(r) < EXPERTS
+                               for r in experts.values())
+        assert second.nbytes < first.nbytes
+        rebuilt = {n: t.clone() for n, t in before.items()}
+        for name, picked in rows.items():
+            if picked is None:
+                rebuilt[name] = after[name]
+            else:
+                rebuilt[name][list(picked)] = after[name][list(picked)]
+        assert all(torch.equal(rebuilt[n], after[n]) for n in after)
+    finally:
+        backend.close()

@@ -51,14 +51,15 @@ from skyrl_agent.trainers.torch_model import (
     LoraSettings,
     export_model,
     load_causal_lm,
+    lora_layers,
     merged_lora_weights,
     pick_device,
     pick_dtype,
     server_parameters,
     trainable_parameters,
 )
+from skyrl_agent.trainers.weight_delta import MovedWeights, bytes_of
 from skyrl_agent.trainers.weight_sync import SharedWeights
-from skyrl_agent.types import ChangedWeights
 
 log = logging.getLogger(__name__)
 
@@ -94,10 +95,8 @@ class TorchBackend:
         self.step = 0
         self._reference: Any = None
         self._shared: SharedWeights | None = None
-        self._published: int | None = None
-        """The version of the last update the servers got (None: they need everything)."""
-        self._moved: dict[str, torch.Tensor | None] = {}
-        """Since then, per parameter that moved: its moved expert rows, or None for all."""
+        self._moved = MovedWeights()
+        """What the optimizer moved since the servers' last update."""
 
     # ---- Tinker primitives -----------------------------------------------------------------
 
@@ -186,7 +185,7 @@ class TorchBackend:
 
     def load_state(self, path: Path, optimizer: bool = True) -> TrainingState:
         path = Path(path)
-        self._published = None  # every weight may change: the next update carries all
+        self._moved.forget()  # every weight may change: the next update carries all
         weights = load_file(path / "weights.safetensors")
         missing = set(self.params) - set(weights)
         if missing:
@@ -218,9 +217,9 @@ class TorchBackend:
                 self._shared.adopt(self.params)
         else:
             self._shared.write(tensors)
-        changed = self._changed_since_published(tensors)
-        nbytes = self._shared.nbytes if changed is None else _bytes_of(changed, tensors)
-        self._published, self._moved = version, {}
+        changed = self._moved.changed(tensors) if self.sends_deltas else None
+        nbytes = self._shared.nbytes if changed is None else bytes_of(changed, tensors)
+        self._moved.sent(version)
         return WeightUpdate(self._shared.path, version, nbytes, time.perf_counter() - started,
                             changed)
 
@@ -243,39 +242,10 @@ class TorchBackend:
         return {name: p.detach() for name, p in server_parameters(self.model).items()}
 
     def _note_moved(self) -> None:
-        """What this step moved. Under AdamW an element moves iff its first moment is non-zero
-        (or weight decay acts on it), so an MoE expert that no token has been routed to yet
-        keeps its weights, and its rows need not reach the servers."""
-        if self.lora is not None or not self.sends_deltas:
-            return  # the sampler gets whole merged (or gathered) tensors
-        decay = any(group["weight_decay"] > 0 for group in self.optimizer.param_groups)
-        for name, param in self.params.items():
-            moment = self.optimizer.state.get(param, {}).get("exp_avg")
-            if moment is None:
-                continue  # never had a gradient: AdamW left it alone
-            if decay or param.dim() != 3 or ".experts." not in name:
-                self._moved[name] = None
-                continue
-            if name in self._moved and self._moved[name] is None:
-                continue
-            rows = moment.flatten(1).ne(0).any(1)
-            earlier = self._moved.get(name)
-            self._moved[name] = rows if earlier is None else rows | earlier
-
-    def _changed_since_published(self, tensors: Mapping[str, torch.Tensor],
-                                 ) -> ChangedWeights | None:
-        """The delta since the servers' weights, when this backend knows it exactly."""
-        if self._published is None or self.lora is not None:
-            return None
-        rows: dict[str, tuple[int, ...] | None] = {}
-        for name, moved in self._moved.items():
-            if name not in tensors:
-                return None  # a name the sampler does not know: send everything
-            if moved is None:
-                rows[name] = None
-            elif bool(moved.any()):
-                rows[name] = tuple(moved.nonzero().flatten().tolist())
-        return ChangedWeights(self._published, rows)
+        """Keep count of what the step moved, for the next update's delta."""
+        if self.sends_deltas:
+            adapters = lora_layers(self.model) if self.lora is not None else None
+            self._moved.note_step(self.optimizer, self.params, adapters)
 
     def _clip_gradients(self, limit: float) -> float:
         """Scale the gradient to a global norm of at most `limit`; the norm before."""
@@ -334,16 +304,6 @@ class TorchBackend:
                 self._reference = self._place(load_causal_lm(
                     self.model_folder, self.dtype, self.device, None))
             return self._logprobs(self._reference, data)[0]
-
-
-def _bytes_of(changed: ChangedWeights, tensors: Mapping[str, torch.Tensor]) -> int:
-    """Bytes of tensor data a server holding `changed.since_version` copies."""
-    total = 0
-    for name, rows in changed.rows.items():
-        tensor = tensors[name]
-        whole = tensor.numel() * tensor.element_size()
-        total += whole if rows is None else whole // tensor.shape[0] * len(rows)
-    return total
 
 
 def full(tensor: torch.Tensor) -> torch.Tensor:
