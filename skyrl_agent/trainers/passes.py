@@ -129,6 +129,19 @@ def stack(data: Sequence[Datum], name: str, device: torch.device | None = None) 
     return out if device is None else out.to(device)
 
 
+def stack_routing(data: Sequence[Datum], rows: int, width: int) -> torch.Tensor | None:
+    """[rows, width, layers, top_k]: every datum's recorded MoE routing, padded with -1 (no
+    record: the router chooses itself); None when no datum carries routing."""
+    records = [d.routed_experts for d in data if d.routed_experts is not None]
+    if not records:
+        return None
+    out = torch.full((rows, width, *records[0].shape[1:]), -1, dtype=torch.long)
+    for row, datum in enumerate(data):
+        if datum.routed_experts is not None:
+            out[row, : len(datum.model_input)] = torch.from_numpy(datum.routed_experts)
+    return out
+
+
 def sampled_by(data: Sequence[Datum], version: int) -> torch.Tensor:
     """[B, T]: True where a sampled token came from `version` with no older token before it in
     its turn. A turn that spans a weight update continues on a KV cache the old weights wrote,

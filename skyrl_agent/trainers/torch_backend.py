@@ -45,6 +45,7 @@ from skyrl_agent.trainers.passes import (
     sampled_by,
     set_rng_state,
     stack,
+    stack_routing,
     unpad,
 )
 from skyrl_agent.trainers.torch_model import (
@@ -283,14 +284,9 @@ class TorchBackend:
                  width: int) -> contextlib.AbstractContextManager[None]:
         """The sampler's recorded MoE routing replayed in this forward (R3), or, with replay
         off, only compared with the trainer's own choice (`routing/differing`)."""
-        if all(d.routed_experts is None for d in data):
+        experts_BTLK = stack_routing(data, len(data), width)
+        if experts_BTLK is None:
             return contextlib.nullcontext()
-        shape = next(d.routed_experts.shape for d in data if d.routed_experts is not None)
-        experts_BTLK = torch.full((len(data), width, *shape[1:]), -1, dtype=torch.long)
-        for row, datum in enumerate(data):
-            if datum.routed_experts is not None:
-                experts_BTLK[row, : len(datum.model_input)] = torch.from_numpy(
-                    datum.routed_experts)
         return replayed_routing(model, experts_BTLK.flatten(0, 1), self.routing,
                                 replay=self.routing_replay)
 

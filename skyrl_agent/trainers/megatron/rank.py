@@ -41,7 +41,7 @@ from skyrl_agent.trainers.megatron.mapping import (
     unsupported,
 )
 from skyrl_agent.trainers.megatron.model import build_gpt
-from skyrl_agent.trainers.passes import rng_state, set_rng_state, stack
+from skyrl_agent.trainers.passes import rng_state, set_rng_state, stack, stack_routing
 from skyrl_agent.trainers.torch_backend import TorchBackend
 from skyrl_agent.trainers.torch_model import LoraSettings, export_model, load_causal_lm
 
@@ -145,10 +145,11 @@ class MegatronRank(TorchBackend):
 
     @contextlib.contextmanager
     def _router_inputs(self, model: Any, data: Sequence[Datum], rows: int,
-                 width: int) -> Iterator[None]:
+                       width: int) -> Iterator[None]:
         """The sampler's routing given to each MoE router of `model` for this forward (R3), or
         only compared with the router's own choice when replay is off."""
-        if not self.layout.experts or all(d.routed_experts is None for d in data):
+        experts_BTLK = stack_routing(data, rows, width) if self.layout.experts else None
+        if experts_BTLK is None:
             yield
             return
         from skyrl_agent.trainers.megatron.moe import attach_replay
@@ -156,12 +157,6 @@ class MegatronRank(TorchBackend):
         hooks = getattr(model, "replay_hooks", None)
         if hooks is None:
             hooks = model.replay_hooks = attach_replay(model, self.routing, self.replays_routing)
-        shape = next(d.routed_experts.shape for d in data if d.routed_experts is not None)
-        experts_BTLK = torch.full((rows, width, *shape[1:]), -1, dtype=torch.long)
-        for row, datum in enumerate(data):
-            if datum.routed_experts is not None:
-                experts_BTLK[row, : len(datum.model_input)] = torch.from_numpy(
-                    datum.routed_experts)
         # Megatron's tokens run sequence-major: row t * batch + b.
         experts_NLK = experts_BTLK.transpose(0, 1).flatten(0, 1)
         for layer, hook in enumerate(hooks):
