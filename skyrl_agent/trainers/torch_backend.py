@@ -90,8 +90,9 @@ class TorchBackend:
             raise ValueError(f"routing_replay needs a mixture-of-experts model; "
                              f"{self.model_folder.name} has no MoE router layers")
         self.routing = ReplayCount()
-        """Replayed routing decisions since the last look, and how many the trainer's own
-        routers would have made differently."""
+        """Routing decisions of the current forward with a record, and how many of them the
+        trainer's own routers would have made differently (reset before each policy forward;
+        Megatron's routers hold this same object)."""
         self.optimizer = torch.optim.AdamW(list(self.params.values()), lr=0.0, foreach=False)
         self.step = 0
         self._reference: Any = None
@@ -131,7 +132,9 @@ class TorchBackend:
         result = PartialPass()
         for rows in plan:
             part = [data[i] for i in rows] or [STAND_IN]
+            self.routing.reset()  # count the policy's own forward only (not the KL reference's)
             logprobs_BT, logits_BTV = self._logprobs(self.model, part)
+            routing = self.routing.share if self.routing.decisions else None
             width = logprobs_BT.shape[1]
             reduction = reduction_BT[rows, :width] if rows else torch.zeros(1, width)
             batch = MicroBatch(logprobs_BT, stack(part, "weights", self.device),
@@ -139,9 +142,8 @@ class TorchBackend:
                                stack(part, "advantages", self.device),
                                self._reference_logprobs(part) if config.kl_coef > 0 else None)
             loss, metrics = micro_batch_loss(loss_fn, config, batch)
-            if self.routing.decisions:
-                metrics["routing/differing"] = self.routing.share
-                self.routing.reset()
+            if routing is not None:
+                metrics["routing/differing"] = routing
             loss.backward()
             if not rows:
                 continue
