@@ -334,16 +334,16 @@ class Engine:
         assert self._batch is not None
         for i in done:
             row = self._rows[i]
+            routing = row.routed_experts()  # joined once, for the cache and the answer
             if row.finish != "abort":
                 known = row.request.prompt_ids + row.tokens[:-1]  # the last token has no KV yet
-                self._prefix.store(known, self._batch.row(i, len(known)),
-                                   row.routed_experts())
-            self._finish_row(row)
+                self._prefix.store(known, self._batch.row(i, len(known)), routing)
+            self._finish_row(row, routing)
         keep = [i for i, r in enumerate(self._rows) if r.finish is None]
         self._rows = [self._rows[i] for i in keep]
         self._batch = self._batch.select(keep) if keep else None
 
-    def _finish_row(self, row: _Row) -> None:
+    def _finish_row(self, row: _Row, routing: np.ndarray | None) -> None:
         assert row.finish is not None
         text = row.text
         if text is None:
@@ -351,7 +351,7 @@ class Engine:
         request = row.request
         request.outputs[row.index] = SequenceOutput(
             tuple(row.tokens), tuple(row.logprobs), tuple(row.tops), tuple(row.versions),
-            row.finish, text, request.cached_tokens, row.routed_experts())
+            row.finish, text, request.cached_tokens, routing)
         if all(o is not None for o in request.outputs):
             _resolve(request.loop, request.future, list(request.outputs))
 
