@@ -197,3 +197,15 @@ def test_rank_actors_train_like_rank_processes_and_a_lost_one_ends_the_group(mod
     with pytest.raises(ValueError, match=r"rank 0 \(node .*\) cannot read the model folder"):
         RayRankGroup(2, "skyrl_agent.trainers.megatron.rank:MegatronRank", "cpu",
                      {"model_folder": str(model / "elsewhere")}, cpus=0.5)
+
+
+def test_collectors_go_to_the_other_nodes_first_and_wrap_around():
+    """Stops: every collector (and so every sandbox) piling onto the node that trains and
+    serves while other machines stand idle, which Ray's best-effort SPREAD allowed."""
+    from skyrl_agent.distributed.workers import collector_nodes
+
+    assert collector_nodes(2, "head", ["w2", "head", "w1"]) == ["w1", "w2"]
+    assert collector_nodes(4, "head", ["head", "w1"]) == ["w1", "head", "w1", "head"]
+    assert collector_nodes(3, "head", ["head"]) == ["head"] * 3
+    # The driver's node is always a candidate, even when a stale view leaves it out.
+    assert collector_nodes(2, "head", ["w1", "w1"]) == ["w1", "head"]

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from ray.exceptions import RayActorError, RayError, RayTaskError
+from ray.exceptions import ActorUnschedulableError, RayActorError, RayError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from skyrl_agent.agents.base import Agent
@@ -210,6 +210,24 @@ def _here() -> NodeAffinitySchedulingStrategy:
     return NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
 
 
+def collector_nodes(count: int, here: str, alive: Sequence[str]) -> list[str]:
+    """The node for each of `count` collectors: round-robin over the alive nodes, the driver's
+    node (`here`: trainer, servers, rank 0) last, so sandboxes go to the other machines first.
+    Ray's own SPREAD is best effort and may put every zero-CPU actor on one node."""
+    order = [*sorted(node for node in set(alive) if node != here), here]
+    return [order[i % len(order)] for i in range(count)]
+
+
+def _collector_placement(index: int, count: int) -> NodeAffinitySchedulingStrategy:
+    """Collector `index`'s node, held to it: Ray's soft affinity was seen to place a zero-CPU
+    actor on another node than asked even with the asked one idle. A node that died since the
+    lookup fails the actor, and `start` places it once more on a fresh view."""
+    alive = [node["NodeID"] for node in ray.nodes() if node["Alive"]]
+    here = ray.get_runtime_context().get_node_id()
+    node = collector_nodes(count, here, alive)[index]
+    return NodeAffinitySchedulingStrategy(node, soft=False)
+
+
 @dataclass
 class _Actors:
     """The run's actors, in the order they start; `spawn` records each for the final kill."""
@@ -250,19 +268,20 @@ class _Actors:
                                  config.trainer.routing_replay)
         settings = session_config(config, await self.router.max_model_len.remote())
 
-        def collector() -> Any:
-            return self.spawn(CollectorActor, 0, "SPREAD", config, agent_cls, self.store,
-                              self.router, run_dir, settings)
+        def collector(index: int) -> Any:
+            return self.spawn(CollectorActor, 0, _collector_placement(index, placed.collectors),
+                              config, agent_cls, self.store, self.router, run_dir, settings)
 
-        self.collectors = [collector() for _ in range(placed.collectors)]
+        self.collectors = [collector(i) for i in range(placed.collectors)]
         for attempt in range(1 + ANYWHERE_RESTARTS):
             pings = await asyncio.gather(*[c.ping.remote() for c in self.collectors],
                                          return_exceptions=True)
-            lost = [i for i, ping in enumerate(pings) if isinstance(ping, RayActorError)]
+            lost = [i for i, ping in enumerate(pings)
+                    if isinstance(ping, RayActorError | ActorUnschedulableError)]
             if lost and attempt == ANYWHERE_RESTARTS:
                 raise pings[lost[0]]
             for i in lost:  # placed on a node that had just died: once more, elsewhere
-                self.collectors[i] = collector()
+                self.collectors[i] = collector(i)
 
     async def stop(self) -> None:
         """Stop what holds resources outside Ray (sandboxes, shared memory, server processes,
