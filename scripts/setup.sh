@@ -7,6 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dev=0
+OPENHANDS_PACKAGES="openhands-sdk==1.58.2 openhands-tools==1.58.2"
 [ "${1:-}" = "--dev" ] && dev=1
 
 packages=(bubblewrap slirp4netns tmux python3 python3-pytest git tar gzip bzip2 xz-utils util-linux procps)
@@ -57,6 +58,9 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   # only its Inkling and audio paths import; 0.5.x caps transformers at 5.5.4. Installed without
   # its dependency list; the [dev] extra carries what its minimal recipes import.
   if [ $dev = 1 ]; then .venv/bin/pip install -q --no-deps tinker-cookbook==0.6.1; fi
+  # The OpenHands SDK caps fastmcp below 4, harbor 0.26 needs 4.1.6 or later, and the SDK runs
+  # on 4: installed without its dependency list, which the [dev] extra carries.
+  if [ $dev = 1 ]; then .venv/bin/pip install -q --no-deps ${OPENHANDS_PACKAGES}; fi
   .venv/bin/python -c "import skyrl_agent" && touch "$stamp"
 fi
 echo "setup done: .venv/bin/skyrl-agent"

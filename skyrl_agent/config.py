@@ -91,6 +91,17 @@ class SandboxConfig(_Section):
     """Host folder for local sandboxes' private files; None = the system temp folder."""
     docker: DockerConfig = Field(default_factory=DockerConfig)
     """Docker backend settings."""
+    harbor_options: dict[str, Any] = Field(default_factory=dict)
+    """`harbor:TYPE` backends: the environment's own options, as `harbor run --ek key=value`
+    gives them (e.g. {"keep_containers": true} for harbor:docker). Checked by the environment's
+    options model and credential preflight before any work."""
+
+    @model_validator(mode="after")
+    def _options_need_a_harbor_backend(self) -> SandboxConfig:
+        if self.harbor_options and not self.backend.startswith("harbor:"):
+            raise ValueError(f"harbor_options apply to harbor:TYPE backends, not "
+                             f"{self.backend!r}")
+        return self
 
 
 class VerifierConfig(_Section):
@@ -161,6 +172,18 @@ class InferenceConfig(_Section):
     MoE models, routing replay are for."""
 
 
+class ErrorPolicyOverride(_Section):
+    """Harbor's override of one error type's policy (its `override_error_policy` entries):
+    the fields given replace the table's."""
+
+    should_retry: bool | None = None
+    """Run the sample again in a fresh sandbox (up to `infra_retries` times)."""
+    should_grade: bool | None = None
+    """Keep the verifier's reward; False scores the sample 0."""
+    has_valid_reward: bool | None = None
+    """Train on the sample; False drops it, and with `mask_group_on_failure` its group."""
+
+
 class CollectorConfig(_Section):
     """How rollouts are gathered."""
 
@@ -173,9 +196,15 @@ class CollectorConfig(_Section):
     """Deadline for starting a sandbox (image build included); past it the attempt is an
     infrastructure error."""
     infra_retries: int = Field(default=2, ge=0)
-    """Retries of a sample after a sandbox or infrastructure error, before it is masked."""
+    """Retries of a sample whose error the error policy retries (a sandbox or model server
+    error), before it is masked."""
     mask_group_on_failure: bool = False
-    """Mask the whole group when one sample is masked."""
+    """Mark the whole group masked in the store when one sample is masked. Training drops such
+    a group either way (counted as dropped_groups); this also leaves it out of `eval`."""
+    override_error_policy: dict[str, ErrorPolicyOverride] = Field(default_factory=dict)
+    """Per error type (Harbor's names, e.g. AgentTimeoutError; collector/policy.py maps our
+    failures onto them), what to change in its retry / grade / reward-valid policy: the format
+    of Harbor's own `override_error_policy`."""
 
 
 class TrainerConfig(_Section):

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from skyrl_agent.trainers.backend import Datum
-from skyrl_agent.trainers.batch import groups_to_batch, pack_turns, sft_data, trajectory_data
+from skyrl_agent.trainers.batch import (
+    group_advantages,
+    groups_to_batch,
+    pack_turns,
+    sft_data,
+    trajectory_data,
+)
 from skyrl_agent.types import FinishReason, Reward, Segment, Trajectory, TrajectoryGroup, Turn
 
 
@@ -66,14 +72,20 @@ def test_a_prompt_that_rewrites_history_starts_a_new_sequence():
     assert [d.loss_fn_inputs["weights"] for d in data] == [(0, 1), (0, 0, 0, 1)]
 
 
-def test_masked_trajectories_give_no_data_and_no_statistics():
+def test_a_group_with_a_masked_member_is_dropped_whole_and_counted():
+    """Stops: training on a group's survivors, whose advantage is biased toward the samples
+    that did not fail."""
     kept = [trajectory([SEGMENT_2], reward=r, index=i) for i, r in enumerate([1.0, 0.0])]
     masked = trajectory([SEGMENT_2], reward=1.0, masked=True, index=2)
-    batch = groups_to_batch([TrajectoryGroup("t", (*kept, masked))], "grpo")
-    assert batch.masked == 1 and batch.trajectories == 2 and len(batch.data) == 2
-    # GRPO over the two unmasked rewards only: mean 0.5, std 0.7071 -> +-0.7071.
-    assert batch.advantages[0][:2] == pytest.approx([0.70710, -0.70710], abs=1e-4)
-    assert batch.advantages[0][2] == 0.0
+    clean = TrajectoryGroup("t", tuple(kept))  # the same task drawn again
+    batch = groups_to_batch([TrajectoryGroup("t", (*kept, masked)), clean], "grpo")
+    assert batch.dropped_groups == 1 and batch.masked == 1
+    assert batch.trajectories == 2 and len(batch.data) == 2  # the clean group's two
+    assert batch.advantages[0] == [0.0, 0.0, 0.0]
+    assert batch.advantages[1] == pytest.approx([0.70710, -0.70710], abs=1e-4)
+    # Masked samples are still left out of the statistics where they are asked for.
+    advantages = group_advantages([TrajectoryGroup("t", (*kept, masked))], "grpo")
+    assert advantages[0][:2] == pytest.approx([0.70710, -0.70710], abs=1e-4)
     assert sft_data([masked]) == []
 
 
@@ -81,12 +93,11 @@ def test_uniform_groups_can_be_left_out_of_the_batch():
     mixed = TrajectoryGroup("t", tuple(trajectory([SEGMENT_2], reward=r, index=i)
                                        for i, r in enumerate([1.0, 0.0])))
     passed = [trajectory([SEGMENT_2], reward=1.0, index=i) for i in range(2)]
-    dropped = trajectory([SEGMENT_2], reward=0.0, masked=True, index=2)
-    uniform = TrajectoryGroup("t", (*passed, dropped))
+    uniform = TrajectoryGroup("t", tuple(passed))
     kept = groups_to_batch([mixed, uniform], "grpo")
-    assert len(kept.data) == 4 and kept.uniform_groups == 0 and kept.masked == 1
+    assert len(kept.data) == 4 and kept.uniform_groups == 0 and kept.masked == 0
     skipped = groups_to_batch([mixed, uniform], "grpo", skip_uniform=True)
-    assert len(skipped.data) == 2 and skipped.uniform_groups == 1 and skipped.masked == 1
+    assert len(skipped.data) == 2 and skipped.uniform_groups == 1 and skipped.masked == 0
     assert skipped.trajectories == 2
     assert [d.loss_fn_inputs for d in skipped.data] == [d.loss_fn_inputs for d in kept.data[:2]]
 

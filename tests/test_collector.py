@@ -11,14 +11,12 @@ import pytest
 from skyrl_agent import plugins
 from skyrl_agent.agents.oracle import OracleAgent
 from skyrl_agent.collector.collector import Collector
-from skyrl_agent.collector.policy import FailurePolicy
-from skyrl_agent.config import CollectorConfig, RunConfig
+from skyrl_agent.config import RunConfig
 from skyrl_agent.data.store import TrajectoryStore
 from skyrl_agent.sandboxes.base import SandboxError
 from skyrl_agent.sandboxes.local import LocalSandbox
 from skyrl_agent.tasks import resolve_tasks
 from skyrl_agent.types import FinishReason
-from tests.test_store import make_trajectory
 
 pytestmark = pytest.mark.slow
 EVENTS: list[tuple[str, str, float]] = []
@@ -115,23 +113,3 @@ async def test_a_resumed_collector_skips_stored_samples(tmp_path):
     # Two samples, each an agent's sandbox then a fresh one for verification.
     assert started == [tasks[1].name] * 4 and len(store) == 4
     assert [len(g.trajectories) for g in groups] == [2, 2]
-
-
-def test_policy_overflow_scores_zero_and_masks_groups():
-    policy = FailurePolicy(CollectorConfig(mask_group_on_failure=True))
-    overflow = make_trajectory("demo/a", 0)
-    overflow = type(overflow)(**{**overflow.__dict__,
-                                 "finish_reason": FinishReason.CONTEXT_OVERFLOW})
-    final = policy.finalize(overflow, 0)
-    assert final.reward.value == 0.0 and final.reward.reason == "context overflow"
-    assert not final.masked
-    timed_out = type(overflow)(**{**overflow.__dict__, "sample_index": 1, "masked": True,
-                                  "mask_reason": "agent timed out after 5 s",
-                                  "finish_reason": FinishReason.AGENT_TIMEOUT})
-    assert not policy.should_retry(timed_out, 0)
-    group = policy.group("demo/a", [timed_out, final])
-    assert [t.sample_index for t in group.trajectories] == [0, 1]
-    assert all(t.masked for t in group.trajectories)
-    assert "group member 1 masked" in group.trajectories[0].mask_reason
-    lenient = FailurePolicy(CollectorConfig(mask_group_on_failure=False))
-    assert not lenient.group("demo/a", [timed_out, final]).trajectories[0].masked

@@ -191,3 +191,40 @@ def test_planted_links_are_not_followed_on_the_host(tmp_path):
     extract_bundle(buffer.getvalue(), "/logs/verifier", target)
     assert sorted(os.listdir(target)) == ["inside", "kept.txt"]
     assert (target / "inside").read_text() == "0.5\n"  # a link inside the folder is kept
+
+
+def test_harbor_options_are_checked_by_harbor_before_any_work():
+    """A typo'd or ill-typed environment option stops the run in one line, in Harbor's own
+    words (the environment's options model), before a sandbox starts; so do options given to a
+    backend that takes none."""
+    include = ["--set", "tasks.include=[hello-file]"]
+    for kind, options, needle in [("docker", "{kep: true}", "Unknown option 'kep'"),
+                                  (OUR_ENVIRONMENT, "{backend: podman}", "backend")]:
+        result = run("tasks", "check", "demo", "--agent", "oracle", "--sandbox", f"harbor:{kind}",
+                     "--set", f"sandbox.harbor_options={options}", *include)
+        assert_one_line_error(result, needle)
+    result = run("tasks", "check", "demo", "--agent", "oracle", "--sandbox", "local",
+                 "--set", "sandbox.harbor_options={backend: docker}", *include)
+    assert_one_line_error(result, "harbor_options")
+
+
+def test_harbor_options_reach_the_environment(work_root):
+    """The options the check passed are the ones the environment is built with: our own
+    environment keeps its sandbox's private files under the `work_root` it was given."""
+    from skyrl_agent.config import SandboxConfig
+    from skyrl_agent.sandboxes.base import SandboxSpec
+    from skyrl_agent.sandboxes.harbor import HarborSandbox
+    from skyrl_agent.tasks import find_task
+
+    config = SandboxConfig(backend=f"harbor:{OUR_ENVIRONMENT}",
+                           harbor_options={"work_root": str(work_root)})
+    HarborSandbox.preflight([], config)
+
+    async def scenario() -> tuple[list[Path], str]:
+        spec = SandboxSpec.from_task(find_task(str(DEMO / "hello-file")), config)
+        async with HarborSandbox(spec, config) as sandbox:
+            return list(work_root.iterdir()), (await sandbox.exec("echo hi")).stdout
+
+    inside, said = asyncio.run(scenario())
+    assert inside and said == "hi\n"
+    assert not list(work_root.iterdir())  # and stopped with the sandbox

@@ -29,11 +29,11 @@ def tasks_audit(
     """Run every built-in adversary (forged reward files, lurking rewriters, planted tests,
     Python start-up hooks, import-time forgers, git hooks, solution hunting, ...) on each task
     and report the tasks where one scores more than doing nothing. Exits 1 if any can be gamed."""
-    from skyrl_agent.config import load_config, with_values
+    from skyrl_agent.config import load_config
     from skyrl_agent.jobs.check import AuditJob
 
     setup_logging()
-    settings = with_values(load_config(config, overrides), {"sandbox.backend": sandbox})
+    settings = load_config(config, overrides, {"sandbox.backend": sandbox})
     job = AuditJob(settings, ref, attack, jobs)
     gamed = 0
 

@@ -124,11 +124,11 @@ def tasks_check(
     overrides: SetOption = None,
 ) -> None:
     """Run oracle or nop on tasks in sandboxes and report each task's reward."""
-    from skyrl_agent.config import load_config, with_values
+    from skyrl_agent.config import load_config
     from skyrl_agent.jobs.check import CheckJob
 
     setup_logging()
-    settings = with_values(load_config(config, overrides), {"sandbox.backend": sandbox})
+    settings = load_config(config, overrides, {"sandbox.backend": sandbox})
     job = CheckJob(settings, ref, agent, jobs)
     rewards: list[float] = []
     errors = 0

@@ -1,9 +1,8 @@
 """One rollout: start a sandbox, let the agent act through an LLM session, verify, record.
 
-Every failure becomes a trajectory with its reason and FailureKind, never an exception. What is
-masked (no gradient): infrastructure failures, unsupported environments, agent timeouts and
-crashes. What is kept with reward 0: a sandbox that died under the agent, artifacts over their
-limits (an agent must not be able to opt out of a negative reward).
+Every failure becomes a trajectory with its reason and FailureKind, never an exception. It is
+masked (no gradient) when the default error policy says its reward is not valid (policy.py:
+infrastructure failures, unsupported environments); the collector applies the run's overrides.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from typing import Any
 
 from skyrl_agent.agents.session import LLMSession
 from skyrl_agent.capture import CaptureProxy
+from skyrl_agent.collector.policy import ERROR_TYPES, policy_for
 from skyrl_agent.tasks.model import TaskSpec
 from skyrl_agent.types import FailureKind, FinishReason, Reward, Trajectory
 
@@ -66,12 +67,25 @@ async def harbor_trial(task: TaskSpec, agent_name: str, llm: LLMSession, trials_
             result = await (await Trial.create(config)).run()
         finally:
             proxy.close(handle)
-    failed = result.exception_info is not None
+    error = result.exception_info
+    # Harbor's own decision on the trial's error (its policy table and overrides).
+    masked = error is not None and not error.policy.has_valid_reward
+    why = f"{error.exception_type}: {error.exception_message}" if error else None
     return Trajectory(
         task_id=task.name, sample_index=sample_index, agent=f"harbor:{agent_name}",
         segments=llm.segments, reward=_reward(result),
-        finish_reason=FinishReason.ERROR if failed else FinishReason.STOP,
-        failure=FailureKind.AGENT_CRASH if failed else None,
-        mask_reason=str(result.exception_info.exception_message) if failed else None,
-        masked=failed, agent_time_s=time.monotonic() - started,
+        finish_reason=FinishReason.ERROR if error else FinishReason.STOP,
+        failure=_failure_of(error.exception_type) if error else None,
+        mask_reason=why if masked else None, masked=masked,
+        agent_time_s=time.monotonic() - started,
         metrics={**handle.session.metrics(), "harbor_trial": 1.0})
+
+
+def _failure_of(exception_type: str) -> FailureKind:
+    """Our failure kind for a Harbor error type: ours when it is in the mapping, else the
+    host's for what Harbor retries, the agent's for the rest."""
+    for kind, name in ERROR_TYPES.items():
+        if name == exception_type:
+            return kind
+    return FailureKind.INFRA if policy_for(exception_type).should_retry \
+        else FailureKind.AGENT_CRASH

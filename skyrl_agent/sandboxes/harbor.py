@@ -21,7 +21,7 @@ import shlex
 import tempfile
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +70,29 @@ KILL_LATER = ('keep=" $KEEP "; for ((round = 0; round < 200; round++)); do left=
               '[ "$left" = 0 ] && exit 0; sleep 0.01; done; echo "$left left"; exit 1')
 
 
+def check_options(backend: str, options: Mapping[str, Any]) -> None:
+    """Harbor's own check of an environment's options (its options model, then credentials
+    and daemons), as `harbor run` makes it before queueing trials; one line when it fails."""
+    from harbor.environments.factory import EnvironmentFactory
+    from harbor.models.environment_type import EnvironmentType
+
+    kind = harbor_kind(backend)
+    try:
+        if ":" in kind:
+            EnvironmentFactory.run_preflight(None, import_path=kind, kwargs=dict(options))
+        else:
+            EnvironmentFactory.run_preflight(EnvironmentType(kind), kwargs=dict(options))
+    except (ValueError, ImportError) as exc:
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        raise UnsupportedEnvironment(f"harbor environment {kind!r}: {_sentences(lines)}") from None
+    except SystemExit as exc:  # what Harbor's preflight raises for missing credentials
+        raise UnsupportedEnvironment(f"harbor environment {kind!r}: {exc.code}") from None
+
+
+def _sentences(lines: list[str]) -> str:
+    return " ".join(line if line[-1] in ".:!?" else f"{line}." for line in lines)
+
+
 def harbor_kind(backend: str) -> str:
     """The Harbor environment a `harbor:<kind>` backend names (type or import path)."""
     kind = backend.removeprefix(PREFIX)
@@ -102,6 +125,10 @@ class HarborSandbox(Sandbox):
     @classmethod
     def check_backend_name(cls, name: str) -> None:
         harbor_kind(name)
+
+    @classmethod
+    def preflight(cls, specs: Sequence[SandboxSpec], config: SandboxConfig) -> None:
+        check_options(config.backend, config.harbor_options)
 
     @classmethod
     def wrapping(cls, environment: Any, spec: SandboxSpec) -> HarborSandbox:
@@ -150,7 +177,7 @@ class HarborSandbox(Sandbox):
             environment_dir=self.spec.environment_dir,
             environment_name=self.spec.name.replace("/", "-"),
             session_id=f"skyrl-{uuid.uuid4().hex[:12]}", trial_paths=trial_paths,
-            task_env_config=task_env)
+            task_env_config=task_env, **self.config.harbor_options)
         try:
             if kind == "docker" and compose_frontend() == "v1":
                 return compose1_environment()(**options)

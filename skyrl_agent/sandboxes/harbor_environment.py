@@ -19,10 +19,11 @@ import io
 import logging
 import tarfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from harbor.environments.base import BaseEnvironment, ExecResult
 from harbor.environments.capabilities import EnvironmentCapabilities
+from harbor.environments.options import EnvironmentOptions
 
 from skyrl_agent.config import SandboxConfig
 from skyrl_agent.sandboxes.artifacts import ArtifactLimits, BundleWriter
@@ -53,13 +54,27 @@ def extract_bundle(bundle: bytes, top: str, target: Path) -> None:
             archive.extract(safe, target, filter="fully_trusted")
 
 
+class SkyrlEnvironmentOptions(EnvironmentOptions):
+    """What `--ek key=value` may set on SkyrlEnvironment (checked by Harbor's preflight)."""
+
+    backend: Literal["local", "docker"] = "local"
+    """Our sandbox backend the trial runs in."""
+    work_root: str | None = None
+    """Host folder for local sandboxes' private files; None = the system temp folder."""
+
+
 class SkyrlEnvironment(BaseEnvironment):
     """A Harbor environment backed by a skyrl-agent sandbox (`backend`: local or docker)."""
 
+    options_model = SkyrlEnvironmentOptions
+
     def __init__(self, *args: Any, backend: str = "local", work_root: str | None = None,
                  **kwargs: Any) -> None:
-        self._config = SandboxConfig(backend=backend,
-                                     work_root=Path(work_root) if work_root else None)
+        self.options = options = self._parse_options_model(
+            SkyrlEnvironmentOptions, {"backend": backend, "work_root": work_root})
+        self._config = SandboxConfig(
+            backend=options.backend,
+            work_root=Path(options.work_root) if options.work_root else None)
         self._sandbox: Sandbox | None = None
         self._owned = True
         super().__init__(*args, **kwargs)

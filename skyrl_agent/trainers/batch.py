@@ -120,6 +120,9 @@ class TrainingBatch:
     """Trajectories left out because they are masked."""
     uniform_groups: int = 0
     """Groups left out because every advantage in them is 0 (with skip_uniform)."""
+    dropped_groups: int = 0
+    """Groups left out because a member is masked: an advantage computed without the failed
+    sample would be biased toward the samples that did not fail."""
 
 
 def group_advantages(groups: Sequence[TrajectoryGroup], estimator: str) -> list[list[float]]:
@@ -140,13 +143,21 @@ def groups_to_batch(groups: Sequence[TrajectoryGroup], estimator: str,
                     skip_uniform: bool = False) -> TrainingBatch:
     """Advantages within each group, then every unmasked trajectory packed into sequences.
 
-    With `skip_uniform`, a group whose advantages are all 0 (every sample got the same reward)
-    gives no data: its policy-gradient term is 0, so it would cost a forward and backward pass
-    and change only the token-mean denominator (DAPO's dynamic sampling, Yu et al. 2025)."""
+    A group with a masked member (a failure whose reward is not valid, after its retries)
+    gives no data and is counted: leaving only the failed sample out would bias the group's
+    advantage. With `skip_uniform`, a group whose advantages are all 0 (every sample got the
+    same reward) gives no data: its policy-gradient term is 0, so it would cost a forward and
+    backward pass and change only the token-mean denominator (DAPO's dynamic sampling, Yu et al.
+    2025)."""
     advantages = group_advantages(groups, estimator)
     data: list[Datum] = []
-    used = masked = uniform = 0
-    for group, group_adv in zip(groups, advantages, strict=True):
+    used = masked = uniform = dropped = 0
+    for g, (group, group_adv) in enumerate(zip(groups, advantages, strict=True)):
+        if any(t.masked for t in group.trajectories):
+            dropped += 1
+            masked += sum(t.masked for t in group.trajectories)
+            advantages[g] = [0.0] * len(group_adv)
+            continue
         if skip_uniform and not any(group_adv):
             uniform += 1
             masked += sum(t.masked for t in group.trajectories)
@@ -158,7 +169,7 @@ def groups_to_batch(groups: Sequence[TrajectoryGroup], estimator: str,
             sequences = trajectory_data(trajectory, advantage)
             used += bool(sequences)
             data.extend(sequences)
-    return TrainingBatch(data, advantages, used, masked, uniform)
+    return TrainingBatch(data, advantages, used, masked, uniform, dropped)
 
 
 def sft_data(trajectories: Sequence[Trajectory]) -> list[Datum]:

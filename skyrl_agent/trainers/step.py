@@ -74,6 +74,7 @@ def train_on(backend: TrainerBackend, config: RunConfig,
     if skip and not batch.data:  # uniform groups only: a step as usual, never a stalled run
         batch = groups_to_batch(groups, trainer.advantage)
     metrics: dict[str, float] = {"trajectories": batch.trajectories, "masked": batch.masked,
+                                 "dropped_groups": batch.dropped_groups,
                                  "sequences": len(batch.data), **group_metrics(groups)}
     if skip:
         metrics["uniform_groups"] = uniform

@@ -36,9 +36,10 @@ class AgentStopped(RuntimeError):
     """The episode ended (deadline, cancellation) while the external agent still ran."""
 
 
-def require(module: str, agent: str) -> None:
-    """One clear line naming the extra when an agent's package is not installed (called when
-    the agent's module is loaded, so a run fails before anything starts)."""
+def require(module: str, agent: str, install: str | None = None) -> None:
+    """One clear line naming the extra (or `install`, how to get the package) when an agent's
+    package is not installed (called when the agent's module is loaded, so a run fails before
+    anything starts)."""
     top = module.split(".")[0]
     try:
         found = importlib.util.find_spec(top) is not None
@@ -46,8 +47,9 @@ def require(module: str, agent: str) -> None:
         found = False
     if not found:
         # No brackets in the words: the CLI prints errors as rich markup.
+        how = install or f"it comes with the `{EXTRA}` extra of skyrl-agent"
         raise UserError(f"the {agent} agent needs the {top} package, which is not installed; "
-                        f"it comes with the `{EXTRA}` extra of skyrl-agent")
+                        f"{how}")
 
 
 class BlackBoxAgent(Agent):

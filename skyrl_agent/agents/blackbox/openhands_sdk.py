@@ -23,7 +23,9 @@ from skyrl_agent.capture import CaptureHandle
 from skyrl_agent.envs.env import Env
 from skyrl_agent.types import FinishReason
 
-require("openhands.sdk", "openhands-sdk")
+require("openhands.sdk", "openhands-sdk",
+        "install the `agents` extra of skyrl-agent, then pip install --no-deps "
+        "openhands-sdk==1.58.2 openhands-tools==1.58.2 (scripts/setup.sh --dev does both)")
 
 _CWD_MARK = "__SKYRL_CWD__"
 _EXECUTORS: dict[str, Any] = {}
