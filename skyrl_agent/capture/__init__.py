@@ -6,7 +6,7 @@ request into token ids without re-tokenizing anything the model sampled, and sta
 segment when the agent rewrites its history.
 """
 
-from skyrl_agent.capture.proxy import CaptureHandle, CaptureProxy
+from skyrl_agent.capture.proxy import CaptureHandle, CaptureProxy, RolloutSessions
 from skyrl_agent.capture.recorder import CaptureSession, CaptureStats
 
-__all__ = ["CaptureHandle", "CaptureProxy", "CaptureSession", "CaptureStats"]
+__all__ = ["CaptureHandle", "CaptureProxy", "CaptureSession", "CaptureStats", "RolloutSessions"]

@@ -5,6 +5,11 @@ An external agent gets a base URL (`http://127.0.0.1:PORT/s/KEY/v1`) or the key 
 rendered, sent to the model server as token ids and recorded there (recorder.py); the agent
 gets an ordinary chat completion (tool calls included) or text completion back.
 
+Harbor's inference relay addresses many rollouts through one connector: its requests come to
+`/r/rollout_id/R/request_id/Q/v1/...` under the connector's key (`open_rollouts`), and each new
+rollout id R opens an LLMSession of its own, so one Harbor job's rollouts become separate
+trajectories.
+
 Everything a request carries is untrusted (it is agent code acting on model output): bodies are
 size-bounded, an unknown or closed key gets a 401, a key reaches only its own session, and bad
 input gets a 4xx in OpenAI's error shape while the proxy stays up.
@@ -13,11 +18,12 @@ input gets a 4xx in OpenAI's error shape while the proxy stays up.
 from __future__ import annotations
 
 import logging
+import re
 import secrets
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -46,6 +52,24 @@ class CaptureHandle:
     session: CaptureSession
 
 
+@dataclass
+class RolloutSessions:
+    """The sessions of Harbor rollouts relayed under one key: the first request that names a
+    rollout id opens its session from `factory` (at most `limit` of them)."""
+
+    key: str
+    factory: Callable[[str], LLMSession]
+    limit: int
+    sessions: dict[str, CaptureSession] = field(default_factory=dict)
+    """Per rollout id, its captured session."""
+    requests: dict[str, list[str]] = field(default_factory=dict)
+    """Per rollout id, the relay's request ids in the order they arrived."""
+
+
+_CAPTURE_ID = re.compile(r"[A-Za-z0-9._:-]{1,200}")
+"""What a rollout or request id in a capture path may be (Harbor's are UUIDs)."""
+
+
 class _Refused(Exception):
     def __init__(self, status: int, message: str, kind: str, code: str | None = None) -> None:
         super().__init__(message)
@@ -62,6 +86,7 @@ class CaptureProxy:
         self.max_body_bytes = max_body_bytes
         self.url = ""
         self._sessions: dict[str, CaptureSession] = {}
+        self._rollouts: dict[str, RolloutSessions] = {}
         self._templates: dict[int, Templates] = {}
         self._runner: web.AppRunner | None = None
 
@@ -69,7 +94,9 @@ class CaptureProxy:
 
     async def start(self, port: int = 0) -> str:
         app = web.Application(middlewares=[self._errors], client_max_size=self.max_body_bytes)
-        for prefix in ("/s/{key}/v1", "/v1"):
+        relayed = "/r/rollout_id/{rollout}/request_id/{request}"
+        # Relayed agents keep whatever base path they were configured with: `/v1` or none.
+        for prefix in ("/s/{key}/v1", "/v1", f"{relayed}/v1", relayed):
             app.router.add_post(f"{prefix}/chat/completions", self._chat)
             app.router.add_post(f"{prefix}/completions", self._text)
             app.router.add_get(f"{prefix}/models", self._models)
@@ -81,6 +108,7 @@ class CaptureProxy:
 
     async def stop(self) -> None:
         self._sessions.clear()
+        self._rollouts.clear()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -96,17 +124,33 @@ class CaptureProxy:
         """A new key for `llm`: what is sent under it is recorded there."""
         if not self.url:
             raise RuntimeError("start the capture proxy before opening sessions")
-        templates = self._templates.get(id(llm.tokenizer))
-        if templates is None or templates.tokenizer is not llm.tokenizer:
-            templates = self._templates[id(llm.tokenizer)] = Templates(llm.tokenizer)
         key = secrets.token_urlsafe(24)
-        session = CaptureSession(llm, templates)
+        session = self._capture(llm)
         self._sessions[key] = session
         return CaptureHandle(key, f"{self.url}/s/{key}/v1", session)
 
     def close(self, handle: CaptureHandle) -> None:
         """Refuse the key from now on (a call already running still finishes)."""
         self._sessions.pop(handle.key, None)
+
+    def open_rollouts(self, factory: Callable[[str], LLMSession],
+                      limit: int = 4096) -> RolloutSessions:
+        """A key for a relay connector: `/r/rollout_id/R/...` requests under it are recorded
+        in rollout R's own session, opened from `factory(R)` on its first request."""
+        if not self.url:
+            raise RuntimeError("start the capture proxy before opening sessions")
+        rollouts = RolloutSessions(secrets.token_urlsafe(24), factory, limit)
+        self._rollouts[rollouts.key] = rollouts
+        return rollouts
+
+    def close_rollouts(self, rollouts: RolloutSessions) -> None:
+        self._rollouts.pop(rollouts.key, None)
+
+    def _capture(self, llm: LLMSession) -> CaptureSession:
+        templates = self._templates.get(id(llm.tokenizer))
+        if templates is None or templates.tokenizer is not llm.tokenizer:
+            templates = self._templates[id(llm.tokenizer)] = Templates(llm.tokenizer)
+        return CaptureSession(llm, templates)
 
     # ---- routes -----------------------------------------------------------------------------
 
@@ -175,10 +219,31 @@ class CaptureProxy:
         if key is None:
             scheme, _, token = request.headers.get("Authorization", "").partition(" ")
             key = token.strip() if scheme.lower() == "bearer" else ""
+        if "rollout" in request.match_info:
+            return self._rollout_session(request, key)
         session = self._sessions.get(key) if key and len(key) <= 128 else None
         if session is None:
             raise _Refused(401, "unknown or closed capture session key", "authentication_error",
                            "invalid_api_key")
+        return session
+
+    def _rollout_session(self, request: web.Request, key: str) -> CaptureSession:
+        """Rollout R's session under a relay key, opened on R's first request."""
+        rollouts = self._rollouts.get(key) if key and len(key) <= 128 else None
+        if rollouts is None:
+            raise _Refused(401, "unknown or closed relay key", "authentication_error",
+                           "invalid_api_key")
+        rollout, request_id = request.match_info["rollout"], request.match_info["request"]
+        if not (_CAPTURE_ID.fullmatch(rollout) and _CAPTURE_ID.fullmatch(request_id)):
+            raise BadRequest("rollout and request ids are 1-200 letters, digits or ._:-")
+        session = rollouts.sessions.get(rollout)
+        if session is None:
+            if len(rollouts.sessions) >= rollouts.limit:
+                raise _Refused(429, f"more than {rollouts.limit} rollouts under this key",
+                               "rate_limit_error")
+            session = rollouts.sessions[rollout] = self._capture(rollouts.factory(rollout))
+            rollouts.requests[rollout] = []
+        rollouts.requests[rollout].append(request_id)
         return session
 
     async def _body[M: BaseModel](self, request: web.Request, model: type[M]) -> M:
