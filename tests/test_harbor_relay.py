@@ -230,3 +230,69 @@ def test_a_relayed_path_that_leaves_the_capture_routes_is_refused(target):
     with pytest.raises(ValidationError):
         _Request.model_validate({**message, "target": target})
     assert _Request.model_validate({**message, "target": "/v1/chat/completions"})
+
+
+async def _two_turns(kind: str, base: str, token: str) -> None:
+    """A two-turn conversation in one wire format, through the official client library: the
+    second call echoes the first reply back, as agents do."""
+    if kind == "messages":
+        from anthropic import AsyncAnthropic
+
+        async with AsyncAnthropic(base_url=base, api_key=token, max_retries=0) as anthropic:
+            history: list[Any] = [{"role": "user", "content": "Say hello."}]
+            first = await anthropic.messages.create(model="skyrl-agent", max_tokens=16,
+                                                    messages=history)
+            history += [{"role": "assistant",
+                         "content": [block.model_dump() for block in first.content]},
+                        {"role": "user", "content": "Again."}]
+            await anthropic.messages.create(model="skyrl-agent", max_tokens=16,
+                                            messages=history)
+        return
+    from openai import AsyncOpenAI
+
+    async with AsyncOpenAI(base_url=f"{base}/v1", api_key=token, max_retries=0) as openai:
+        if kind == "chat":
+            chat: list[Any] = [{"role": "user", "content": "Say hello."}]
+            reply = await openai.chat.completions.create(model="skyrl-agent", messages=chat,
+                                                         max_tokens=16)
+            chat += [{"role": "assistant", "content": reply.choices[0].message.content},
+                     {"role": "user", "content": "Again."}]
+            await openai.chat.completions.create(model="skyrl-agent", messages=chat,
+                                                 max_tokens=16)
+            return
+        items: list[Any] = [{"role": "user", "content": "Say hello."}]
+        response = await openai.responses.create(model="skyrl-agent", input=items,
+                                                 max_output_tokens=16)
+        items += [item.model_dump(exclude_none=True) for item in response.output]
+        items.append({"role": "user", "content": "Again."})
+        await openai.responses.create(model="skyrl-agent", input=items, max_output_tokens=16)
+
+
+async def test_every_wire_format_is_relayed_and_recorded_token_exact(
+        server_url, tokenizer):  # noqa: F811
+    """Chat completions, Responses and Messages, each from its own client library, through
+    Harbor's relay and our connector: each rollout's turns are the ids the server sampled, and
+    the echoed reply continues the same segment."""
+    async with (harbor_relay() as (relay, url), TapServer(server_url) as tap,
+                InferenceClient([tap.url]) as client, CaptureProxy() as proxy):
+        rollouts = proxy.open_rollouts(
+            lambda rollout: LLMSession(client, tokenizer, SETTINGS, session_id=rollout))
+        connector = RelayConnector(url, "unused", proxy.url, rollouts.key, session_id="s1")
+        connection = asyncio.create_task(connector.run())
+        try:
+            await asyncio.wait_for(connector.ready.wait(), 20)
+            for kind in ("chat", "responses", "messages"):
+                token = relay.register("owner", "job", f"rollout-{kind}", "s1")
+                await _two_turns(kind, f"{url}/inference", token)
+        finally:
+            connection.cancel()
+    assert set(rollouts.sessions) == {"rollout-chat", "rollout-responses", "rollout-messages"}
+    turns = []
+    for rollout, session in rollouts.sessions.items():
+        (segment,) = session.llm.segments  # the echo joined the first turn's segment
+        assert len(segment.turns) == 2 and segment.is_token_consistent(), rollout
+        assert len(rollouts.requests[rollout]) == 2
+        turns += segment.turns
+    recorded = sorted((list(t.prompt_ids), list(t.completion_ids), list(t.completion_logprobs))
+                      for t in turns)
+    assert recorded == sorted(tap.sampled())

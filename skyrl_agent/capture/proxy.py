@@ -17,6 +17,7 @@ input gets a 4xx in OpenAI's error shape while the proxy stays up.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import secrets
@@ -31,6 +32,7 @@ from pydantic import BaseModel, ValidationError
 
 from skyrl_agent.agents.rendering import TemplateError
 from skyrl_agent.agents.session import ContextOverflow, LLMSession, TokenBudgetSpent
+from skyrl_agent.capture import wire
 from skyrl_agent.capture.messages import BadRequest, ChatRequest, TextRequest
 from skyrl_agent.capture.recorder import Captured, CaptureSession, Templates
 from skyrl_agent.inference.client import InferenceError
@@ -98,6 +100,8 @@ class CaptureProxy:
         # Relayed agents keep whatever base path they were configured with: `/v1` or none.
         for prefix in ("/s/{key}/v1", "/v1", f"{relayed}/v1", relayed):
             app.router.add_post(f"{prefix}/chat/completions", self._chat)
+            app.router.add_post(f"{prefix}/responses", self._responses)
+            app.router.add_post(f"{prefix}/messages", self._messages)
             app.router.add_post(f"{prefix}/completions", self._text)
             app.router.add_get(f"{prefix}/models", self._models)
         self._runner = web.AppRunner(app, access_log=None)
@@ -160,6 +164,23 @@ class CaptureProxy:
         async with session.lock:
             captured = await _answered(session, session.chat(body))
         return web.json_response(self._chat_json(body, captured, session))
+
+    async def _responses(self, request: web.Request) -> web.Response:
+        """OpenAI's Responses API (wire.py), answered like a chat call."""
+        return await self._as_chat(request, wire.chat_from_responses, wire.responses_reply)
+
+    async def _messages(self, request: web.Request) -> web.Response:
+        """Anthropic's Messages API (wire.py), answered like a chat call."""
+        return await self._as_chat(request, wire.chat_from_messages, wire.messages_reply)
+
+    async def _as_chat(self, request: web.Request,
+                       to_chat: Callable[[dict[str, Any]], ChatRequest],
+                       reply: Callable[[Captured, str], dict[str, Any]]) -> web.Response:
+        session = self._session_of(request)
+        body = to_chat(await self._json(request))
+        async with session.lock:
+            captured = await _answered(session, session.chat(body))
+        return web.json_response(reply(captured, body.model or self.model_name))
 
     async def _text(self, request: web.Request) -> web.Response:
         session = self._session_of(request)
@@ -247,28 +268,36 @@ class CaptureProxy:
         return session
 
     async def _body[M: BaseModel](self, request: web.Request, model: type[M]) -> M:
+        return model.model_validate(await self._json(request))
+
+    async def _json(self, request: web.Request) -> dict[str, Any]:
         try:
             data = await request.json()
         except ValueError as exc:  # JSON and Unicode errors both
             raise BadRequest(f"invalid JSON body: {exc}") from None
         if not isinstance(data, dict):
             raise BadRequest("the JSON body must be an object")
-        return model.model_validate(data)
+        return data
 
     @web.middleware
     async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
             return await handler(request)
         except _Refused as exc:
-            return _error(exc.status, str(exc), exc.kind, exc.code)
+            error = _error(exc.status, str(exc), exc.kind, exc.code)
         except (BadRequest, TemplateError) as exc:
-            return _error(400, str(exc), "invalid_request_error")
+            error = _error(400, str(exc), "invalid_request_error")
         except ValidationError as exc:
-            return _error(400, _validation_message(exc), "invalid_request_error")
+            error = _error(400, _validation_message(exc), "invalid_request_error")
         except InferenceError as exc:
-            return _error(502, f"model server: {exc.message}", "api_error")
+            error = _error(502, f"model server: {exc.message}", "api_error")
         except web.HTTPException as exc:  # 404, 405, 413 from aiohttp itself
-            return _error(exc.status, exc.reason, "invalid_request_error")
+            error = _error(exc.status, exc.reason, "invalid_request_error")
+        if request.path.endswith("/messages"):  # Anthropic's clients read their own shape
+            message = json.loads(error.text or "{}")["error"]["message"]
+            return web.json_response(wire.anthropic_error(error.status, message),
+                                     status=error.status)
+        return error
 
 
 async def _answered(session: CaptureSession, call: Awaitable[Captured]) -> Captured:
