@@ -228,3 +228,25 @@ def test_harbor_options_reach_the_environment(work_root):
     inside, said = asyncio.run(scenario())
     assert inside and said == "hi\n"
     assert not list(work_root.iterdir())  # and stopped with the sandbox
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("agent", ["oracle", "nop"])
+def test_harbor_run_and_tasks_check_give_the_same_rewards(agent, tmp_path, work_root):
+    """The CI slice of benchmarks/harbor_parity.py: the trial `harbor run` runs (Harbor's
+    agent, its verifier) in a container of our docker backend, and `tasks check --sandbox
+    docker`, score the same tasks alike. Stops: a verifier of ours that reads rewards
+    differently from Harbor's, and an environment Harbor 0.26 cannot verify in (its output
+    folders are the environment's to create)."""
+    names = ["python-bugfix", "extract-archive"]
+    result = run("tasks", "check", "demo", "--agent", agent, "--json", "-j", "2",
+                 "--sandbox", "docker", "--set", f"tasks.include=[{','.join(names)}]")
+    assert result.returncode in (0, 1), result.stderr
+    ours = {row["task"]: row["reward"] for row in map(json.loads, result.stdout.splitlines())}
+    harbor = {}
+    for name in names:
+        trial = asyncio.run(_trial(tmp_path, DEMO / name, {"name": agent},
+                                   {"backend": "docker", "work_root": str(work_root)}))
+        assert trial.exception_info is None, trial.exception_info
+        harbor[f"demo/{name}"] = trial.verifier_result.rewards["reward"]
+    assert harbor == ours == {f"demo/{name}": float(agent == "oracle") for name in names}

@@ -22,12 +22,16 @@ from fastapi import FastAPI, Request, WebSocket  # module level: FastAPI reads t
 
 from skyrl_agent.agents.session import LLMSession, SessionConfig
 from skyrl_agent.capture import CaptureProxy
+from skyrl_agent.data.run_dir import RunDir, RunRecord
+from skyrl_agent.data.store import TrajectoryStore
 from skyrl_agent.harbor.relay import RelayConnector
+from skyrl_agent.harbor.relay_job import job_trajectories, wait_for_job
 from skyrl_agent.inference.client import InferenceClient
 from tests.conftest import DEMO
 from tests.harbor_serve import free_port, harbor_serve
 from tests.tap_server import TapServer
 from tests.test_blackbox import long_tiny_model_dir, server_url, tokenizer  # noqa: F401
+from tests.test_cli import run
 
 pytestmark = pytest.mark.slow
 OUR_ENVIRONMENT = "skyrl_agent.harbor:SkyrlEnvironment"
@@ -52,16 +56,6 @@ def job_config(work_root: Path, attempts: int) -> dict[str, Any]:
     }
 
 
-async def finished(client: Any, job_id: Any, timeout: float = 600.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        job = await client.jobs.get(job_id)
-        if job.state in ("finished", "cancelled"):
-            return job
-        assert time.monotonic() < deadline, job
-        await asyncio.sleep(1.0)
-
-
 async def test_a_relayed_harbor_job_is_recorded_per_rollout_token_exact(
         tmp_path, work_root, server_url, tokenizer):  # noqa: F811
     from harbor.client import AsyncHarbor
@@ -79,8 +73,9 @@ async def test_a_relayed_harbor_job_is_recorded_per_rollout_token_exact(
                     submitted = await api.jobs.submit(job_config(work_root, 2),
                                                       relay_inference=True,
                                                       session_id=connector.session_id)
-                    job = await finished(api, submitted.job_id)
+                    job = await wait_for_job(api, submitted.job_id, timeout_s=600)
                     listed = (await api.rollouts.list(job_ids=[job.id])).items
+                    details = [await api.rollouts.get(r.id) for r in listed]
             finally:
                 connection.cancel()
     assert job.state == "finished", harbor.log.read_text()[-3000:]
@@ -97,6 +92,23 @@ async def test_a_relayed_harbor_job_is_recorded_per_rollout_token_exact(
     for session in rollouts.sessions.values():
         for segment in session.llm.segments:
             assert segment.is_token_consistent()
+    # The job as trajectories of a run dir: Harbor's rewards, our recorded turns, read by eval.
+    hello = (DEMO / "hello-file").resolve()
+    trajectories = job_trajectories(details, rollouts, "terminus-2", {hello: "demo/hello-file"})
+    in_order = sorted(listed, key=lambda r: (r.created_at, str(r.id)))
+    assert [(t.task_id, t.sample_index) for t in trajectories] == [
+        ("demo/hello-file", 0), ("demo/hello-file", 1)]
+    assert [t.reward.value for t in trajectories] == [
+        float((r.rewards or {}).get("reward") or 0.0) for r in in_order]
+    assert [t.num_turns for t in trajectories] == [
+        sum(len(s.turns) for s in rollouts.sessions[str(r.id)].llm.segments) for r in in_order]
+    run_dir = tmp_path / "run"
+    RunDir(run_dir).prepare(RunRecord(1, {"inference": {"model": "smollm2-135m"}}))
+    store = TrajectoryStore(run_dir, writable=True)
+    store.append(trajectories)
+    store.close()
+    result = run("eval", str(run_dir))
+    assert result.returncode == 0 and "reward mean" in result.stdout, result.stderr
 
 
 async def test_a_wrong_harbor_key_is_refused_in_one_error(tmp_path):

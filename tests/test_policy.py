@@ -123,3 +123,28 @@ def test_a_masked_sample_masks_its_group_in_the_store_when_asked():
     assert not any(t.masked for t in clean.trajectories)
     metrics = group_metrics([group, alone, clean])
     assert metrics["masked/infra"] == 2.0 and metrics["masked/other"] == 2.0
+
+
+@pytest.mark.parametrize("error, failure, finish, masked", [
+    (None, None, FinishReason.STOP, False),
+    ("AgentTimeoutError", FailureKind.AGENT_TIMEOUT, FinishReason.AGENT_TIMEOUT, False),
+    ("ContextLengthExceededError", None, FinishReason.CONTEXT_OVERFLOW, False),
+    ("EnvironmentStartTimeoutError", FailureKind.INFRA, FinishReason.ERROR, True),
+    ("ApiRateLimitError", FailureKind.INFRA, FinishReason.ERROR, True),  # Harbor's only
+    ("BadRequestError", FailureKind.AGENT_CRASH, FinishReason.ERROR, True),
+    ("SomethingNewError", FailureKind.INFRA, FinishReason.ERROR, False),  # Harbor: retry, valid
+])
+def test_a_harbor_rollouts_error_is_read_as_harbor_decides_it(error, failure, finish, masked):
+    from skyrl_agent.harbor.results import harbor_error
+
+    decided = harbor_error(error)
+    assert (decided.failure, decided.finish_reason, decided.masked) == (failure, finish, masked)
+
+
+def test_harbors_rewards_are_read_like_its_verifier_writes_them():
+    from skyrl_agent.harbor.results import harbor_reward
+
+    assert harbor_reward({"reward": 1, "tests": None}, "x") == Reward(1.0, {"reward": 1.0})
+    assert harbor_reward({"a": 1, "b": 0}, "x").value == 0.5
+    missing = harbor_reward(None, "no reward file")
+    assert missing.value == 0.0 and missing.reason == "no reward file"

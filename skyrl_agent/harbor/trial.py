@@ -18,9 +18,9 @@ from typing import Any
 
 from skyrl_agent.agents.session import LLMSession
 from skyrl_agent.capture import CaptureProxy
-from skyrl_agent.collector.policy import ERROR_TYPES, policy_for
+from skyrl_agent.harbor.results import harbor_error, harbor_reward
 from skyrl_agent.tasks.model import TaskSpec
-from skyrl_agent.types import FailureKind, FinishReason, Reward, Trajectory
+from skyrl_agent.types import Trajectory
 
 MODEL_NAME = "skyrl-agent"
 ENVIRONMENT = "skyrl_agent.harbor:SkyrlEnvironment"
@@ -33,16 +33,6 @@ def _agent_kwargs(llm: LLMSession, base_url: str, key: str) -> dict[str, Any]:
             "model_info": {"max_input_tokens": config.max_context_tokens,
                            "max_output_tokens": config.max_tokens,
                            "input_cost_per_token": 0.0, "output_cost_per_token": 0.0}}
-
-
-def _reward(result: Any) -> Reward:
-    rewards = (result.verifier_result.rewards or {}) if result.verifier_result else {}
-    if not rewards:
-        reason = str(result.exception_info.exception_message) if result.exception_info \
-            else "the trial produced no reward"
-        return Reward.failed(reason)
-    value = rewards.get("reward", sum(rewards.values()) / len(rewards))
-    return Reward(float(value), {k: float(v) for k, v in rewards.items()})
 
 
 async def harbor_trial(task: TaskSpec, agent_name: str, llm: LLMSession, trials_dir: Path,
@@ -69,23 +59,15 @@ async def harbor_trial(task: TaskSpec, agent_name: str, llm: LLMSession, trials_
             proxy.close(handle)
     error = result.exception_info
     # Harbor's own decision on the trial's error (its policy table and overrides).
+    decided = harbor_error(error.exception_type if error else None)
     masked = error is not None and not error.policy.has_valid_reward
     why = f"{error.exception_type}: {error.exception_message}" if error else None
+    rewards = result.verifier_result.rewards if result.verifier_result else None
     return Trajectory(
         task_id=task.name, sample_index=sample_index, agent=f"harbor:{agent_name}",
-        segments=llm.segments, reward=_reward(result),
-        finish_reason=FinishReason.ERROR if error else FinishReason.STOP,
-        failure=_failure_of(error.exception_type) if error else None,
+        segments=llm.segments,
+        reward=harbor_reward(rewards, why or "the trial produced no reward"),
+        finish_reason=decided.finish_reason, failure=decided.failure,
         mask_reason=why if masked else None, masked=masked,
         agent_time_s=time.monotonic() - started,
         metrics={**handle.session.metrics(), "harbor_trial": 1.0})
-
-
-def _failure_of(exception_type: str) -> FailureKind:
-    """Our failure kind for a Harbor error type: ours when it is in the mapping, else the
-    host's for what Harbor retries, the agent's for the rest."""
-    for kind, name in ERROR_TYPES.items():
-        if name == exception_type:
-            return kind
-    return FailureKind.INFRA if policy_for(exception_type).should_retry \
-        else FailureKind.AGENT_CRASH

@@ -24,6 +24,7 @@ from typing import Any, Literal
 from harbor.environments.base import BaseEnvironment, ExecResult
 from harbor.environments.capabilities import EnvironmentCapabilities
 from harbor.environments.options import EnvironmentOptions
+from harbor.models.trial.paths import EnvironmentPaths
 
 from skyrl_agent.config import SandboxConfig
 from skyrl_agent.sandboxes.artifacts import ArtifactLimits, BundleWriter
@@ -117,6 +118,10 @@ class SkyrlEnvironment(BaseEnvironment):
         sandbox = create_sandbox(self._spec(), self._config)
         await sandbox.start()
         self._sandbox = sandbox
+        # Harbor's output folders (agent logs, verifier logs, artifacts) are the environment's
+        # to create since 0.26; a task image need not have them.
+        paths = EnvironmentPaths.for_os(self.os)
+        await self.ensure_dirs([paths.agent_dir, paths.verifier_dir, paths.artifacts_dir])
 
     async def stop(self, delete: bool) -> None:
         if not self._owned:

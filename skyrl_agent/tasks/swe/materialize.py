@@ -54,6 +54,10 @@ MODEL_PATCH = "/skyrl/swe/model.patch"
 """Where the agent's changes are written after it stops; the task's only artifact."""
 PREPARE = Path(__file__).with_name("prepare_testbed.sh")
 VERIFIER_FILES = ("screen_patch.sh", "run_pytest.py")
+VERIFIER_LOGS = "/logs/verifier"
+HARBOR_REWARD = f"{VERIFIER_LOGS}/reward.txt"
+GRADED_TESTS = "graded-tests.json"
+"""The tests run_pytest.py requires to pass for the reward Harbor's verifier reads."""
 """The verifier's own scripts beside this module, shipped in each task's tests/."""
 TEST_FILES = ("tests/*", "*/tests/*", "test_*.py", "*/test_*.py", "*_test.py", "*/*_test.py",
               "tests.py", "*/tests.py")
@@ -158,6 +162,7 @@ def test_sh(instance: SweInstance, local: bool) -> str:
         "# before any of it is applied (a patch that reaches for the test runner is tampering).",
         "# Changes to test files are not applied; the tests come from the test patch in",
         "# swebench's eval script below. The host grades the test results.",
+        *(harbor_reward_lines() if runs_under_runner(instance) else []),
         "cd /testbed",
         f"patch={MODEL_PATCH}",
         'if [ -f "$patch" ] && [ ! -L "$patch" ] && [ -s "$patch" ]; then',
@@ -175,6 +180,24 @@ def test_sh(instance: SweInstance, local: bool) -> str:
         'rm -f "$patch"',
         "set -uxo pipefail",
         *eval_lines(instance, conda=not local), ""])
+
+
+def harbor_reward_lines() -> list[str]:
+    """What makes run_pytest.py write the reward file Harbor's verifier reads (0 until the
+    tests have run); skyrl-agent never reads it."""
+    return ["# The reward file is for Harbor's verifier (`harbor run`) only.",
+            f"mkdir -p {VERIFIER_LOGS} && echo 0 > {HARBOR_REWARD}",
+            f"export HARBOR_REWARD_FILES='/tests/{GRADED_TESTS} {HARBOR_REWARD}'"]
+
+
+def graded_tests(instance: SweInstance) -> str:
+    """The instance's test lists as run_pytest.py reads them for Harbor's reward (a fail-only
+    repo's PASS_TO_PASS is not graded, as swebench does)."""
+    from swebench.harness.constants import FAIL_ONLY_REPOS
+
+    keep = instance.repo not in FAIL_ONLY_REPOS
+    return json.dumps({"FAIL_TO_PASS": list(instance.fail_to_pass),
+                       "PASS_TO_PASS": list(instance.pass_to_pass) if keep else []})
 
 
 def solve_sh() -> str:
@@ -196,6 +219,7 @@ def task_files(instance: SweInstance, name: str, origin: Origin) -> dict[str, by
     out = {path: text.encode() for path, text in files.items()}
     out["environment/prepare_testbed.sh"] = PREPARE.read_bytes()
     out["tests/shadowed-names.txt"] = shadowed_names().encode()
+    out[f"tests/{GRADED_TESTS}"] = graded_tests(instance).encode()
     for script in VERIFIER_FILES:
         out[f"tests/{script}"] = PREPARE.with_name(script).read_bytes()
     if origin.repo_stream is not None:

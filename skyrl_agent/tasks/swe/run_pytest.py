@@ -16,6 +16,10 @@ It runs in the task's image, whose Python may be old: plain syntax, standard lib
   too: the verification ends here) and the verdict written again, so a process the tests left
   cannot have the last word. Then this process ends at once (os._exit): no exit handler of the
   code under test runs after the verdict, and what the tests print is never graded.
+- With HARBOR_REWARD_FILES="GRADED_TESTS_JSON REWARD_TXT" (test.sh sets it), it also writes
+  the reward Harbor's verifier reads: 1 when every FAIL_TO_PASS and PASS_TO_PASS test passed.
+  skyrl-agent never reads it (the host grades the results with swebench); it is there so that
+  `harbor run` scores the task as we do, on Harbor's own trust in the container.
 What this cannot stop: the code under test runs in this process and can misbehave here (patch
 pytest's objects while its tests run, or race the results file from a thread of its own). The
 verifier bounds that by what it takes from the agent (source changes only, screened by
@@ -113,6 +117,14 @@ def _write(path, text):
     os.replace(staging, path)
 
 
+def _write_harbor_reward(status, graded, reward):
+    with open(graded) as handle:
+        wanted = json.load(handle)
+    names = wanted["FAIL_TO_PASS"] + wanted["PASS_TO_PASS"]
+    resolved = bool(names) and all(status.get(name) in ("PASSED", "XFAIL") for name in names)
+    _write(reward, "1\n" if resolved else "0\n")
+
+
 def main():
     end_others = sys.argv[1:2] == ["--end-others"]
     argv = sys.argv[2:] if end_others else sys.argv[1:]
@@ -120,6 +132,7 @@ def main():
         sys.stderr.write("usage: run_pytest.py [--end-others] RESULTS [pytest arguments...]\n")
         os._exit(2)
     results, args = argv[0], argv[1:]
+    harbor = os.environ.pop("HARBOR_REWARD_FILES", "").split()  # read before any test runs
     repo = os.path.realpath(os.getcwd())
     os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     pytest = _import_runner(repo)
@@ -132,6 +145,9 @@ def main():
     if end_others:
         _end_every_other_process()
         _write(results, verdict)  # whatever raced the first write, nothing is left to race this
+    if len(harbor) == 2:
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            _write_harbor_reward(recorder.status, *harbor)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(int(code))
