@@ -44,23 +44,25 @@ def sample(rng: random.Random, index: int, reward: float, masked: bool = False) 
                       FinishReason.STOP, masked=masked, mask_reason="infra" if masked else None)
 
 
-def groups(seed: int, extra_masked: bool = False) -> list[TrajectoryGroup]:
+def groups(seed: int, masked_group: bool = False) -> list[TrajectoryGroup]:
     rng = random.Random(seed)
     samples = [sample(rng, i, float(i % 2)) for i in range(4)]
-    if extra_masked:  # a masked sample with a high reward: it must change nothing
-        samples.append(sample(rng, 4, 1.0, masked=True))
-    return [TrajectoryGroup("t", tuple(samples))]
+    drawn = [TrajectoryGroup("t", tuple(samples))]
+    if masked_group:  # rewards that would move weights, and one failed sample: dropped whole
+        rest = [sample(rng, i, float(i % 2 == 0)) for i in range(3)]
+        drawn.append(TrajectoryGroup("t", (*rest, sample(rng, 3, 1.0, masked=True))))
+    return drawn
 
 
 def weights(backend: TorchBackend) -> dict[str, torch.Tensor]:
     return {name: p.detach().clone() for name, p in backend.params.items()}
 
 
-def test_a_masked_trajectory_changes_no_weight(char_model):
+def test_a_group_with_a_masked_trajectory_changes_no_weight(char_model):
     plain, with_masked = TorchBackend(char_model), TorchBackend(char_model)
     train_on(plain, CONFIG, groups(0))
-    metrics = train_on(with_masked, CONFIG, groups(0, extra_masked=True))
-    assert metrics["masked"] == 1
+    metrics = train_on(with_masked, CONFIG, groups(0, masked_group=True))
+    assert metrics["masked"] == 1 and metrics["dropped_groups"] == 1
     changed = weights(plain)
     assert any(not torch.equal(changed[n], p) for n, p in weights(TorchBackend(char_model)).items())
     assert all(torch.equal(changed[n], p) for n, p in weights(with_masked).items())
