@@ -181,7 +181,7 @@ class ErrorPolicyOverride(_Section):
     should_grade: bool | None = None
     """Keep the verifier's reward; False scores the sample 0."""
     has_valid_reward: bool | None = None
-    """Train on the sample; False drops it, and with `mask_group_on_failure` its group."""
+    """Train on the sample; False masks it, and training drops its group."""
 
 
 class CollectorConfig(_Section):

@@ -17,7 +17,6 @@ input gets a 4xx in OpenAI's error shape while the proxy stays up.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import secrets
@@ -284,20 +283,19 @@ class CaptureProxy:
         try:
             return await handler(request)
         except _Refused as exc:
-            error = _error(exc.status, str(exc), exc.kind, exc.code)
+            refused = exc
         except (BadRequest, TemplateError) as exc:
-            error = _error(400, str(exc), "invalid_request_error")
+            refused = _Refused(400, str(exc), "invalid_request_error")
         except ValidationError as exc:
-            error = _error(400, _validation_message(exc), "invalid_request_error")
+            refused = _Refused(400, _validation_message(exc), "invalid_request_error")
         except InferenceError as exc:
-            error = _error(502, f"model server: {exc.message}", "api_error")
+            refused = _Refused(502, f"model server: {exc.message}", "api_error")
         except web.HTTPException as exc:  # 404, 405, 413 from aiohttp itself
-            error = _error(exc.status, exc.reason, "invalid_request_error")
+            refused = _Refused(exc.status, exc.reason, "invalid_request_error")
         if request.path.endswith("/messages"):  # Anthropic's clients read their own shape
-            message = json.loads(error.text or "{}")["error"]["message"]
-            return web.json_response(wire.anthropic_error(error.status, message),
-                                     status=error.status)
-        return error
+            return web.json_response(wire.anthropic_error(refused.status, str(refused)),
+                                     status=refused.status)
+        return _error(refused.status, str(refused), refused.kind, refused.code)
 
 
 async def _answered(session: CaptureSession, call: Awaitable[Captured]) -> Captured:

@@ -15,8 +15,9 @@ format (`collector.override_error_policy`). With the defaults:
 - a sandbox that died under the agent, artifacts over their limits: reward 0, kept. Harbor has
   no type for these; ours are never retried, since an agent must not be able to opt out of a
   negative reward by breaking its sandbox;
-- a masked sample masks its whole group (`mask_group_on_failure`): the trainer drops the group
-  and counts it, rather than computing an advantage without the failed sample.
+- the trainer drops a group with a masked sample and counts it (trainers/batch.py), rather
+  than computing an advantage without the failed sample; `mask_group_on_failure` also marks
+  the whole group masked in the store.
 """
 
 from __future__ import annotations
@@ -88,7 +89,10 @@ class FailurePolicy:
     def decision(self, trajectory: Trajectory) -> ErrorPolicy | None:
         """Retry / grade / reward-valid for the trajectory's error; None when it had none."""
         name = error_type(trajectory)
-        return None if name is None else policy_for(name, self.overrides.get(name))
+        return None if name is None else self._decided(name)
+
+    def _decided(self, name: str) -> ErrorPolicy:
+        return policy_for(name, self.overrides.get(name))
 
     def should_retry(self, trajectory: Trajectory, retries_done: int) -> bool:
         decision = self.decision(trajectory)
@@ -99,9 +103,9 @@ class FailurePolicy:
         """The trajectory as stored: graded or scored 0, masked or kept, retries counted."""
         metrics = {**trajectory.metrics, "infra_retries": retries_done}
         changes: dict = {"metrics": metrics}
-        decision, name = self.decision(trajectory), error_type(trajectory)
-        if decision is not None and name is not None:
-            reward = trajectory.reward
+        name = error_type(trajectory)
+        if name is not None:
+            decision, reward = self._decided(name), trajectory.reward
             if not decision.should_grade and reward.value != 0.0:
                 changes["reward"] = Reward.failed(f"not graded after {name}",
                                                   reward.verify_time_s)
