@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,9 +26,9 @@ from skyrl_agent.data.run_dir import RunDir, RunRecord
 from skyrl_agent.data.store import TrajectoryStore
 from skyrl_agent.harbor.relay import RelayConnector
 from skyrl_agent.harbor.relay_job import job_trajectories, wait_for_job
+from skyrl_agent.harbor.serve import free_port, harbor_serve
 from skyrl_agent.inference.client import InferenceClient
 from tests.conftest import DEMO
-from tests.harbor_serve import free_port, harbor_serve
 from tests.tap_server import TapServer
 from tests.test_blackbox import long_tiny_model_dir, server_url, tokenizer  # noqa: F401
 from tests.test_cli import run
@@ -56,12 +56,26 @@ def job_config(work_root: Path, attempts: int) -> dict[str, Any]:
     }
 
 
-async def test_a_relayed_harbor_job_is_recorded_per_rollout_token_exact(
-        tmp_path, work_root, server_url, tokenizer):  # noqa: F811
+@dataclass
+class RelayedJob:
+    job: Any
+    rollouts: Any
+    tap: TapServer
+    log: Path
+    listed: list[Any]
+    """Harbor's rollouts of the job."""
+    details: list[Any]
+    """The same, in detail (rewards, errors)."""
+
+
+async def run_relayed(tmp_path: Path, url: str, tokenizer: Any,  # noqa: F811
+                      config_for: Callable[[str], dict[str, Any]]) -> RelayedJob:
+    """Submit `config_for(relay_url)` to a real `harbor serve` with the relay on, our connector
+    feeding a capture proxy in front of a tapped server; wait for the job to end."""
     from harbor.client import AsyncHarbor
 
     with harbor_serve(tmp_path) as harbor:
-        async with (TapServer(server_url) as tap, InferenceClient([tap.url]) as client,
+        async with (TapServer(url) as tap, InferenceClient([tap.url]) as client,
                     CaptureProxy() as proxy):
             rollouts = proxy.open_rollouts(
                 lambda rollout: LLMSession(client, tokenizer, SETTINGS, session_id=rollout))
@@ -70,7 +84,7 @@ async def test_a_relayed_harbor_job_is_recorded_per_rollout_token_exact(
             try:
                 await asyncio.wait_for(connector.ready.wait(), 30)
                 async with AsyncHarbor(base_url=harbor.url, api_key=harbor.api_key) as api:
-                    submitted = await api.jobs.submit(job_config(work_root, 2),
+                    submitted = await api.jobs.submit(config_for(harbor.url),
                                                       relay_inference=True,
                                                       session_id=connector.session_id)
                     job = await wait_for_job(api, submitted.job_id, timeout_s=600)
@@ -78,10 +92,19 @@ async def test_a_relayed_harbor_job_is_recorded_per_rollout_token_exact(
                     details = [await api.rollouts.get(r.id) for r in listed]
             finally:
                 connection.cancel()
-    assert job.state == "finished", harbor.log.read_text()[-3000:]
+    return RelayedJob(job, rollouts, tap, harbor.log, listed, details)
+
+
+async def test_a_relayed_harbor_job_is_recorded_per_rollout_token_exact(
+        tmp_path, work_root, server_url, tokenizer):  # noqa: F811
+    relayed = await run_relayed(tmp_path, server_url, tokenizer,
+                                lambda _: job_config(work_root, 2))
+    job, rollouts, tap, harbor_log = relayed.job, relayed.rollouts, relayed.tap, relayed.log
+    listed, details = relayed.listed, relayed.details
+    assert job.state == "finished", harbor_log.read_text()[-3000:]
     assert len(listed) == 2
     # One session per rollout, under Harbor's own rollout ids.
-    assert set(rollouts.sessions) == {str(r.id) for r in listed}, harbor.log.read_text()[-3000:]
+    assert set(rollouts.sessions) == {str(r.id) for r in listed}, harbor_log.read_text()[-3000:]
     turns = [turn for session in rollouts.sessions.values()
              for segment in session.llm.segments for turn in segment.turns]
     assert all(len(requests) >= 1 for requests in rollouts.requests.values())
@@ -100,6 +123,9 @@ async def test_a_relayed_harbor_job_is_recorded_per_rollout_token_exact(
         ("demo/hello-file", 0), ("demo/hello-file", 1)]
     assert [t.reward.value for t in trajectories] == [
         float((r.rewards or {}).get("reward") or 0.0) for r in in_order]
+    assert [t.metrics["completion_tokens"] for t in trajectories] == [
+        sum(len(turn.completion_ids) for s in t.segments for turn in s.turns)
+        for t in trajectories]  # what eval reports of the rollout
     assert [t.num_turns for t in trajectories] == [
         sum(len(s.turns) for s in rollouts.sessions[str(r.id)].llm.segments) for r in in_order]
     run_dir = tmp_path / "run"

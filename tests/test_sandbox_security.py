@@ -6,9 +6,11 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import shutil
 import subprocess
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +18,7 @@ from skyrl_agent.config import SandboxConfig
 from skyrl_agent.sandboxes.base import SandboxError, SandboxSpec, create_sandbox
 from skyrl_agent.tasks import load_task
 from tests.helpers import make_task
+from tests.test_loopback_route import upstream  # noqa: F401
 
 pytestmark = pytest.mark.slow
 
@@ -312,3 +315,40 @@ def test_an_abandoned_cgroup_is_found_and_a_live_one_is_not():
         sleeper.kill()
         sleeper.wait()
         assert empty.remove() and busy.remove()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the loopback route needs root")
+async def test_a_read_only_mount_and_the_relay_route_hold_on_every_backend(
+        spec, sandbox_config, upstream):  # noqa: F811
+    """What a Harbor agent inside the sandbox is given (toolchains.py, loopback_route.py): a
+    mounted folder it cannot write through, and the relay's path on 127.0.0.1, nothing else."""
+    import tempfile
+
+    from skyrl_agent.sandboxes.loopback_route import LoopbackRoute
+    from tests.test_loopback_route import requests_from
+
+    toolchain = Path(tempfile.mkdtemp(prefix="skyrl-toolchain-"))
+    toolchain.chmod(0o755)
+    (toolchain / "tool").write_text("v1\n")
+    (toolchain / "tool").chmod(0o666)  # writable by anyone: only the mount may stop a write
+    url, seen = upstream
+    port = int(url.rsplit(":", 1)[1])
+    mounted = dataclasses.replace(spec, read_only_mounts={"/opt/tool": str(toolchain)})
+    try:
+        async with create_sandbox(mounted, sandbox_config) as sandbox:
+            read = await sandbox.exec("cat /opt/tool/tool", timeout=30)
+            write = await sandbox.exec("echo forged > /opt/tool/tool; touch /opt/tool/new",
+                                       timeout=30)
+            namespace = await asyncio.to_thread(sandbox.network_namespace)
+            async with LoopbackRoute(namespace, url, "/inference"):
+                answers = await requests_from(sandbox, port, [("POST", "/inference/v1"),
+                                                              ("GET", "/jobs")])
+        unchanged = (toolchain / "tool").read_text() == "v1\n"
+        listed = sorted(p.name for p in toolchain.iterdir())
+    finally:
+        shutil.rmtree(toolchain)
+    assert read.stdout == "v1\n" and write.exit_code != 0
+    assert "Read-only" in write.stdout + write.stderr
+    assert unchanged and listed == ["tool"]
+    assert answers["/inference/v1"][0] == 200 and answers["/jobs"][0] == 404
+    assert seen == ["/inference/v1"]

@@ -62,6 +62,7 @@ def job_trajectories(rollouts: Sequence[Any], sessions: RolloutSessions, agent: 
             reward=harbor_reward(rollout.rewards, why), finish_reason=decided.finish_reason,
             failure=decided.failure, masked=decided.masked,
             mask_reason=why if decided.masked else None,
-            metrics={**(captured.metrics() if captured is not None else {}),
+            metrics={**({**captured.llm.metrics(), **captured.metrics()}
+                        if captured is not None else {}),
                      "harbor_rollout": 1.0}))
     return trajectories

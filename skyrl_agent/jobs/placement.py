@@ -8,14 +8,19 @@ import contextlib
 import functools
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from skyrl_agent.agents.base import Agent
-from skyrl_agent.collector.collector import Collector
+from skyrl_agent.collector.collector import Collector, TrajectorySink
 from skyrl_agent.collector.model import model_sessions, supervised
+from skyrl_agent.collector.rollout import SessionFactory
 from skyrl_agent.config import RunConfig
 from skyrl_agent.data.store import TrajectoryStore
 from skyrl_agent.trainers.settings import make_backend
 from skyrl_agent.trainers.workers import Workers
+
+if TYPE_CHECKING:
+    from skyrl_agent.harbor.relay_collector import RelayedCollector
 
 
 @contextlib.asynccontextmanager
@@ -26,7 +31,7 @@ async def local_workers(config: RunConfig, run_dir: Path, agent_cls: type[Agent]
     backend = await asyncio.to_thread(make_backend, config)
     try:
         async with model_sessions(config, run_dir) as model:
-            collector = Collector(config, agent_cls, store, model.sessions)
+            collector = _collector(config, agent_cls, store, model.sessions)
             try:
                 yield Workers(backend, collector, model.client,
                               functools.partial(supervised, servers=model.servers))
@@ -35,3 +40,14 @@ async def local_workers(config: RunConfig, run_dir: Path, agent_cls: type[Agent]
     finally:
         backend.close()
         store.close()
+
+
+def _collector(config: RunConfig, agent_cls: type[Agent], store: TrajectorySink,
+               sessions: SessionFactory) -> Collector | RelayedCollector:
+    """Our collector, or for a Harbor agent (`harbor:NAME`) the one whose samples are Harbor
+    jobs run through its relay."""
+    from skyrl_agent.harbor.relay_collector import RelayedCollector, RelayedHarborAgent
+
+    if issubclass(agent_cls, RelayedHarborAgent):
+        return RelayedCollector(config, agent_cls, store, sessions)
+    return Collector(config, agent_cls, store, sessions)

@@ -135,6 +135,13 @@ def prepare_run(config: RunConfig, needs: Needs, output: Path | None = None,
 
 
 def _agent(config: RunConfig, needs: Needs) -> type[Agent]:
+    if config.agent.name.startswith("harbor:"):  # Harbor's own agent, through its relay
+        from skyrl_agent.harbor.relay_collector import relayed_agent_class
+
+        if config.ray.address is not None:
+            raise UserError("a Harbor agent (harbor:NAME) trains in one process; unset "
+                            "ray.address")
+        return relayed_agent_class(config.agent.name)
     agent_cls = agent_class(config.agent.name)
     make_agent(agent_cls, config)  # a broken constructor fails before any work
     if needs.model and not agent_cls.needs_model:

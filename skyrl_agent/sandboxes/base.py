@@ -93,9 +93,16 @@ class SandboxSpec:
     deadline_s: float = 3600.0
     """Lifetime: at this many seconds after start everything in the sandbox is killed."""
     max_output_bytes: int = 1_000_000
+    read_only_mounts: Mapping[str, str] = field(default_factory=dict)
+    """Sandbox path -> host folder, bound read-only: programs the agent runs that would
+    otherwise be installed over the network (e.g. a Harbor agent's toolchain)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
+        object.__setattr__(self, "read_only_mounts", MappingProxyType(dict(self.read_only_mounts)))
+        for inside, host in self.read_only_mounts.items():
+            if not (inside.startswith("/") and os.path.isabs(host)) or ".." in inside.split("/"):
+                raise ValueError(f"a read-only mount needs absolute paths, not {inside}={host}")
 
     @property
     def dockerfile(self) -> Path | None:
@@ -109,7 +116,7 @@ class SandboxSpec:
         digest = hashlib.sha256()
         digest.update(repr((self.docker_image, self.workdir, sorted(self.env.items()),
                             self.network, self.memory_mb, self.cpus, self.pids_limit,
-                            self.storage_mb)).encode())
+                            self.storage_mb, sorted(self.read_only_mounts.items()))).encode())
         if self.environment_dir is not None:
             for path in sorted(self.environment_dir.rglob("*")):
                 if path.is_file():
@@ -184,6 +191,11 @@ class Sandbox(ABC):
     async def collect(self, remote: str, writer: BundleWriter) -> bool:
         """Add the sandbox path `remote` (file or folder, links kept as links) to a bundle;
         False when it does not exist. Raises ArtifactLimitExceeded past the writer's limits."""
+
+    def network_namespace(self) -> str:
+        """The started sandbox's network namespace (a /proc path), where the host may open a
+        listening socket of its own (sandboxes/loopback_route.py)."""
+        raise UnsupportedEnvironment(f"{type(self).__name__} gives no network namespace")
 
     @abstractmethod
     async def kill_processes(self) -> None:

@@ -160,6 +160,8 @@ class DockerSandbox(Sandbox):
             cap_drop=["ALL"],
             cap_add=["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "SETUID", "SETGID", "KILL"],
             security_opt=["no-new-privileges"], runtime=self.config.docker.runtime,
+            volumes={host: {"bind": inside, "mode": "ro"}
+                     for inside, host in spec.read_only_mounts.items()},
             labels={LABEL: spec.name, f"{LABEL}.deadline": str(time.time() + spec.deadline_s)},
         )
 
@@ -330,6 +332,14 @@ class DockerSandbox(Sandbox):
             collect_tar_stream(stream, remote, writer)
             return True
         return await asyncio.to_thread(self._from_archive, remote, consume) is not None
+
+    def network_namespace(self) -> str:
+        container = self.running
+        container.reload()  # the pid is known once the container runs
+        pid = container.attrs.get("State", {}).get("Pid") or 0
+        if pid <= 0:
+            raise SandboxError(f"sandbox {self.spec.name} has no running process")
+        return f"/proc/{pid}/ns/net"
 
     async def kill_processes(self) -> None:
         self._check_alive()

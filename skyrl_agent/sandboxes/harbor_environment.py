@@ -15,20 +15,26 @@ not written, so nothing the agent planted makes Harbor read the host's own files
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 import logging
 import tarfile
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from harbor.environments.base import BaseEnvironment, ExecResult
 from harbor.environments.capabilities import EnvironmentCapabilities
 from harbor.environments.options import EnvironmentOptions
+from harbor.models.task.config import NetworkMode, NetworkPolicy
+from harbor.models.trial.config import ServiceVolumeConfig
 from harbor.models.trial.paths import EnvironmentPaths
+from harbor.server.relay import PREFIX as RELAY_PREFIX
 
 from skyrl_agent.config import SandboxConfig
 from skyrl_agent.sandboxes.artifacts import ArtifactLimits, BundleWriter
 from skyrl_agent.sandboxes.base import Sandbox, SandboxSpec, create_sandbox
+from skyrl_agent.sandboxes.loopback_route import LoopbackRoute
 from skyrl_agent.tasks.model import TaskSpec, load_task
 
 log = logging.getLogger(__name__)
@@ -62,6 +68,10 @@ class SkyrlEnvironmentOptions(EnvironmentOptions):
     """Our sandbox backend the trial runs in."""
     work_root: str | None = None
     """Host folder for local sandboxes' private files; None = the system temp folder."""
+    relay_url: str | None = None
+    """`harbor serve`'s relay URL (its `--relay-url`, on this host's 127.0.0.1): served inside
+    the sandbox at the same address, under the relay's path only (loopback_route.py), so a
+    Harbor agent that runs in the sandbox reaches its model and nothing else of the host."""
 
 
 class SkyrlEnvironment(BaseEnvironment):
@@ -70,15 +80,18 @@ class SkyrlEnvironment(BaseEnvironment):
     options_model = SkyrlEnvironmentOptions
 
     def __init__(self, *args: Any, backend: str = "local", work_root: str | None = None,
-                 **kwargs: Any) -> None:
+                 relay_url: str | None = None, **kwargs: Any) -> None:
         self.options = options = self._parse_options_model(
-            SkyrlEnvironmentOptions, {"backend": backend, "work_root": work_root})
+            SkyrlEnvironmentOptions,
+            {"backend": backend, "work_root": work_root, "relay_url": relay_url})
         self._config = SandboxConfig(
             backend=options.backend,
             work_root=Path(options.work_root) if options.work_root else None)
         self._sandbox: Sandbox | None = None
+        self._route: LoopbackRoute | None = None
         self._owned = True
         super().__init__(*args, **kwargs)
+        self._read_only_mounts = read_only_binds(self._host_mounts)
 
     @classmethod
     def over(cls, sandbox: Sandbox, task: TaskSpec, trial_dir: Path) -> SkyrlEnvironment:
@@ -100,7 +113,24 @@ class SkyrlEnvironment(BaseEnvironment):
 
     @property
     def capabilities(self) -> EnvironmentCapabilities:
-        return EnvironmentCapabilities(disable_internet=True)
+        # An allowlist is served only as the relay route: the one host Harbor allows an
+        # installed agent is its relay (validate_network_policy_support says so).
+        relayed = self.options.relay_url is not None
+        return EnvironmentCapabilities(disable_internet=True, network_allowlist=relayed,
+                                       network_allowlist_hostnames=relayed,
+                                       network_allowlist_ipv4_addresses=relayed)
+
+    def validate_network_policy_support(self, network_policy: NetworkPolicy | None = None,
+                                        ) -> None:
+        super().validate_network_policy_support(network_policy)
+        policy = network_policy or self._network_policy
+        if policy.network_mode != NetworkMode.ALLOWLIST:
+            return
+        relay_host = urlsplit(self.options.relay_url or "").hostname
+        others = [host for host in policy.allowed_hosts if host != relay_host]
+        if others:
+            raise ValueError(f"a skyrl-agent sandbox reaches only Harbor's inference relay "
+                             f"({self.options.relay_url}), not {', '.join(others)}")
 
     def _validate_definition(self) -> None:
         if not (Path(self.environment_dir) / "Dockerfile").is_file() and \
@@ -110,7 +140,8 @@ class SkyrlEnvironment(BaseEnvironment):
     def _spec(self) -> SandboxSpec:
         task = load_task(Path(self.environment_dir).parent)
         config = self._config.model_copy(update={"deadline_s": TRIAL_DEADLINE_S})
-        return SandboxSpec.from_task(task, config)
+        spec = SandboxSpec.from_task(task, config)
+        return dataclasses.replace(spec, read_only_mounts=self._read_only_mounts)
 
     async def start(self, force_build: bool) -> None:
         if not self._owned:
@@ -118,6 +149,15 @@ class SkyrlEnvironment(BaseEnvironment):
         sandbox = create_sandbox(self._spec(), self._config)
         await sandbox.start()
         self._sandbox = sandbox
+        if self.options.relay_url:
+            try:
+                namespace = await asyncio.to_thread(sandbox.network_namespace)
+                route = LoopbackRoute(namespace, self.options.relay_url, RELAY_PREFIX)
+                self._route = await route.__aenter__()
+            except BaseException:
+                self._sandbox = None
+                await sandbox.stop()
+                raise
         # Harbor's output folders (agent logs, verifier logs, artifacts) are the environment's
         # to create since 0.26; a task image need not have them.
         paths = EnvironmentPaths.for_os(self.os)
@@ -127,6 +167,9 @@ class SkyrlEnvironment(BaseEnvironment):
         if not self._owned:
             return
         sandbox, self._sandbox = self._sandbox, None
+        route, self._route = self._route, None
+        if route is not None:
+            await route.__aexit__(None, None, None)
         if sandbox is not None:
             await sandbox.stop()  # nothing of a sandbox outlives it, delete or not
 
@@ -164,6 +207,18 @@ class SkyrlEnvironment(BaseEnvironment):
         if not found:
             raise FileNotFoundError(f"{source_dir} does not exist in the sandbox")
         await asyncio.to_thread(extract_bundle, buffer.getvalue(), source_dir, Path(target_dir))
+
+
+def read_only_binds(mounts: list[ServiceVolumeConfig]) -> dict[str, str]:
+    """Harbor's `mounts` (the job's environment.mounts) as our sandbox's read-only binds
+    (sandbox path -> host folder). Anything else would let the agent write to the host."""
+    binds = {}
+    for mount in mounts:
+        if mount["type"] != "bind" or not mount.get("read_only"):
+            raise ValueError(f"skyrl-agent environments take read-only bind mounts only, not "
+                             f"{mount['source']} -> {mount['target']}")
+        binds[mount["target"]] = str(Path(mount["source"]).resolve())
+    return binds
 
 
 def _write(path: Path, data: bytes) -> None:

@@ -258,6 +258,9 @@ class LocalSandbox(Sandbox):
                 args += ["--ro-bind", f"/etc/{entry}", f"/etc/{entry}"]
         if self.spec.network:
             args += ["--ro-bind", str(self.root.parent / RESOLV_CONF), "/etc/resolv.conf"]
+        # Bound by the unprivileged sandbox user: a source must be reachable by it.
+        for inside, source in self.spec.read_only_mounts.items():
+            args += ["--ro-bind", source, inside]
         args += ["--clearenv"]
         for key, value in {**BASE_ENV, **plan.env}.items():
             args += ["--setenv", key, value]
@@ -424,6 +427,11 @@ class LocalSandbox(Sandbox):
 
     async def collect(self, remote: str, writer: BundleWriter) -> bool:
         return await asyncio.to_thread(collect_tree, self.root, remote, writer)
+
+    def network_namespace(self) -> str:
+        if self._proc is None or self._proc.returncode is not None:
+            raise SandboxError(f"sandbox {self.spec.name} is not running")
+        return f"/proc/{sandbox_init_pid(self._proc.pid)}/ns/net"
 
     async def kill_processes(self) -> None:
         if self._cgroup is not None and self._cgroup.freezable:  # certain: see cgroups.py

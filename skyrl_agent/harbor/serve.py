@@ -1,5 +1,6 @@
-"""A real `harbor serve` (Harbor's job server, with its inference relay) on 127.0.0.1 for a
-test: a key of its own, its data in a temporary folder, stopped at the end."""
+"""`harbor serve` (Harbor's job server, with its inference relay) on 127.0.0.1 for a run of ours
+or a test: a key of its own (its REST, its relay and the connector's WebSocket all ask for it),
+its data under the given folder, stopped at the end."""
 
 from __future__ import annotations
 
@@ -21,9 +22,18 @@ HARBOR = Path(sys.executable).parent / "harbor"
 
 @dataclass(frozen=True)
 class HarborServer:
+    """A running `harbor serve`."""
+
     url: str
+    """Its base URL on 127.0.0.1 (also its relay URL)."""
     api_key: str
+    """HARBOR_API_KEY: its REST, relay and connector ask for it."""
     log: Path
+    """Its output."""
+
+
+class HarborServeFailed(RuntimeError):
+    """`harbor serve` exited or did not answer in time."""
 
 
 def free_port() -> int:
@@ -46,8 +56,9 @@ def harbor_serve(folder: Path, ready_timeout: float = 120.0) -> Iterator[HarborS
     try:
         deadline = time.monotonic() + ready_timeout
         while True:
-            assert process.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise HarborServeFailed(f"harbor serve did not start (see {log}): "
+                                        + log.read_text()[-3000:])
             probe = urllib.request.Request(f"{url}/agents",
                                            headers={"Authorization": f"Bearer {key}"})
             with (contextlib.suppress(urllib.error.URLError, ConnectionError),
