@@ -36,7 +36,8 @@ def _offline_litellm(monkeypatch):
     monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 
-def installed_agent_job(agent: str, work_root: Path, relay_url: str) -> dict[str, Any]:
+def installed_agent_job(agent: str, work_root: Path, relay_url: str,
+                        backend: str = "local") -> dict[str, Any]:
     tools = toolchain(agent, work_root / "toolchains")
     return {
         "job_name": f"relay-{agent}", "n_attempts": 1, "n_concurrent_trials": 1,
@@ -46,16 +47,18 @@ def installed_agent_job(agent: str, work_root: Path, relay_url: str) -> dict[str
                     "kwargs": {**AGENT_SETTINGS[agent]["kwargs"], **tools.agent_kwargs},
                     "env": tools.agent_env}],
         "environment": {"import_path": OUR_ENVIRONMENT, "mounts": tools.mounts, "kwargs": {
-            "work_root": str(work_root), "relay_url": relay_url}},
+            "work_root": str(work_root), "relay_url": relay_url, "backend": backend}},
     }
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the loopback route needs root")
-@pytest.mark.parametrize("agent", ["mini-swe-agent", "openhands-sdk"])
+@pytest.mark.parametrize(("agent", "backend"), [
+    ("mini-swe-agent", "local"), ("openhands-sdk", "local"),
+    pytest.param("mini-swe-agent", "docker", marks=pytest.mark.docker)])
 async def test_an_installed_harbor_agent_runs_in_our_sandbox_token_exact(
-        agent, tmp_path, work_root, server_url, tokenizer):  # noqa: F811
+        agent, backend, tmp_path, work_root, server_url, tokenizer):  # noqa: F811
     relayed = await run_relayed(tmp_path, server_url, tokenizer,
-                                lambda url: installed_agent_job(agent, work_root, url))
+                                lambda url: installed_agent_job(agent, work_root, url, backend))
     trials = sorted((tmp_path / "harbor-data").rglob("trial.log"))
     context = relayed.log.read_text()[-3000:] + "".join(
         t.read_text()[-3000:] for t in trials)
