@@ -268,6 +268,10 @@ class Segment:
         return True
 
 
+TIME_ACCOUNT = ("sandbox", "model", "exec", "framework", "handover", "verify", "stop")
+"""The buckets of an episode's time account (Trajectory.time_account), in the order they come."""
+
+
 @dataclass(frozen=True)
 class Trajectory:
     """One agent run on one task: its token-level turns, its reward and how it ended."""
@@ -295,7 +299,18 @@ class Trajectory:
     agent_time_s: float = 0.0
     """Seconds the agent ran."""
     verify_time_s: float = 0.0
-    """Seconds verification took."""
+    """Seconds verification took (separate mode: the fresh sandbox, the restore, the tests)."""
+    model_time_s: float = 0.0
+    """Seconds the agent waited on model calls: queued, prefilled, decoded, and the trip."""
+    exec_time_s: float = 0.0
+    """Seconds commands ran in the sandbox for the agent (tool calls, keystrokes' waits)."""
+    handover_time_s: float = 0.0
+    """Seconds from the agent's end to the tests: its processes killed, its artifacts
+    collected."""
+    stop_time_s: float = 0.0
+    """Seconds to stop the agent's sandbox."""
+    total_time_s: float = 0.0
+    """Wall seconds of the whole episode, sandbox start to reward."""
     metrics: Mapping[str, float] = field(default_factory=dict)
     """Free-form numeric metrics (turns, summaries, drift_tokens, parse errors, ...)."""
 
@@ -307,6 +322,21 @@ class Trajectory:
     @property
     def num_turns(self) -> int:
         return sum(len(s.turns) for s in self.segments)
+
+    @property
+    def framework_time_s(self) -> float:
+        """The rest of the episode: the agent's own logic, rendering, parsing, the event loop
+        and waits for a free sandbox or model slot outside the model calls."""
+        accounted = (self.sandbox_time_s + self.model_time_s + self.exec_time_s
+                     + self.handover_time_s + self.verify_time_s + self.stop_time_s)
+        return max(0.0, self.total_time_s - accounted)
+
+    def time_account(self) -> dict[str, float]:
+        """Where the episode's seconds went, bucket by bucket (TIME_ACCOUNT order)."""
+        return {"sandbox": self.sandbox_time_s, "model": self.model_time_s,
+                "exec": self.exec_time_s, "framework": self.framework_time_s,
+                "handover": self.handover_time_s, "verify": self.verify_time_s,
+                "stop": self.stop_time_s}
 
 
 @dataclass(frozen=True)

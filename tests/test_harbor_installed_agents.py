@@ -73,7 +73,7 @@ async def test_an_installed_harbor_agent_runs_in_our_sandbox_token_exact(
 
 
 def _environment(tmp_path: Path, relay_url: str | None, hosts: list[str],
-                 mounts: list[Any] | None = None) -> Any:
+                 mounts: list[Any] | None = None, work_root: Path | None = None) -> Any:
     from harbor.models.task.config import NetworkMode, NetworkPolicy
     from harbor.models.trial.paths import TrialPaths
 
@@ -84,8 +84,9 @@ def _environment(tmp_path: Path, relay_url: str | None, hosts: list[str],
     return SkyrlEnvironment(
         environment_dir=task.environment_dir, environment_name="hello", session_id="s",
         trial_paths=TrialPaths(trial_dir=tmp_path), task_env_config=task.config.environment,
-        relay_url=relay_url, mounts=mounts,
-        network_policy=NetworkPolicy(network_mode=NetworkMode.ALLOWLIST, allowed_hosts=hosts))
+        relay_url=relay_url, mounts=mounts, work_root=str(work_root) if work_root else None,
+        network_policy=NetworkPolicy(network_mode=NetworkMode.ALLOWLIST, allowed_hosts=hosts)
+        if hosts else None)
 
 
 def test_an_allowlist_is_granted_only_as_the_relay(tmp_path):
@@ -135,3 +136,16 @@ def test_train_runs_a_harbor_agent_unmodified_through_the_relay(
 def test_an_agent_harbor_does_not_register_is_one_line():
     result = run("train", "--agent", "harbor:no-such-agent", "--dry-run", "--tasks", "toy")
     assert_one_line_error(result, "harbor has no agent 'no-such-agent'")
+
+
+async def test_an_environment_whose_sandbox_fails_to_start_leaves_nothing(tmp_path, work_root):
+    """A trial whose sandbox does not start (here: a mount source that is not there) is retried
+    by Harbor; each failed start must leave no sandbox folder or disk behind."""
+    from skyrl_agent.sandboxes.base import SandboxError
+
+    missing = {"type": "bind", "source": str(tmp_path / "gone"), "target": "/opt/x",
+               "read_only": True}
+    environment = _environment(tmp_path, None, [], [missing], work_root)
+    with pytest.raises(SandboxError):
+        await environment.start(force_build=False)
+    assert list(work_root.iterdir()) == []

@@ -327,8 +327,12 @@ async def test_a_read_only_mount_and_the_relay_route_hold_on_every_backend(
     from skyrl_agent.sandboxes.loopback_route import LoopbackRoute
     from tests.test_loopback_route import requests_from
 
-    toolchain = Path(tempfile.mkdtemp(prefix="skyrl-toolchain-"))
-    toolchain.chmod(0o755)
+    # Under a folder only root may enter (as a checkout under root's home is): the sandbox's
+    # unprivileged user could not reach it by its path.
+    private = Path(tempfile.mkdtemp(prefix="skyrl-private-"))
+    assert private.stat().st_mode & 0o077 == 0
+    toolchain = private / "toolchain"
+    toolchain.mkdir(mode=0o755)
     (toolchain / "tool").write_text("v1\n")
     (toolchain / "tool").chmod(0o666)  # writable by anyone: only the mount may stop a write
     url, seen = upstream
@@ -346,7 +350,7 @@ async def test_a_read_only_mount_and_the_relay_route_hold_on_every_backend(
         unchanged = (toolchain / "tool").read_text() == "v1\n"
         listed = sorted(p.name for p in toolchain.iterdir())
     finally:
-        shutil.rmtree(toolchain)
+        shutil.rmtree(private)
     assert read.stdout == "v1\n" and write.exit_code != 0
     assert "Read-only" in write.stdout + write.stderr
     assert unchanged and listed == ["tool"]

@@ -90,6 +90,8 @@ class LLMSession:
         self.session_id = session_id or uuid.uuid4().hex
         self.seed = seed
         self.summaries = 0
+        self.model_time_s = 0.0
+        """Seconds spent in model calls, a free slot under `limiter` waited for included."""
         self.limiter: asyncio.Semaphore | None = None
         """Set by a collector to bound model calls in flight across sessions."""
         self._head: list[Message] = []
@@ -220,8 +222,13 @@ class LLMSession:
         seed = None if self.seed is None else self.seed + self.num_turns
         sampling = Sampling(max_tokens=max_tokens, temperature=self.config.temperature,
                             top_p=self.config.top_p, seed=seed, stop=stop)
-        async with self.limiter or contextlib.nullcontext():
-            completion = await self.client.complete(prompt, sampling, session_id=self.session_id)
+        calling = time.monotonic()
+        try:
+            async with self.limiter or contextlib.nullcontext():
+                completion = await self.client.complete(prompt, sampling,
+                                                        session_id=self.session_id)
+        finally:
+            self.model_time_s += time.monotonic() - calling
         n = len(completion.token_ids)
         turns = (segment or self._current).turns
         turns.append(Turn(

@@ -72,6 +72,8 @@ def eval_run(
 
 
 def print_summary(summary: RunSummary, title: str) -> None:
+    from skyrl_agent.evaluation.stats import describe_time
+
     pass_at = "".join(f"pass@{k} {v:.3f}, " for k, v in summary.pass_at.items())
     console.print(f"[bold]{title}[/bold]: {summary.trajectories} trajectories, {summary.tasks} "
                   f"tasks, reward mean {summary.reward_mean:.3f}, {pass_at}"
@@ -80,6 +82,8 @@ def print_summary(summary: RunSummary, title: str) -> None:
                   f", completion tokens {summary.completion_tokens_mean:.0f}, summaries "
                   f"{summary.summaries_total}, drift tokens {summary.drift_tokens_mean:.1f}; "
                   f"finish reasons {summary.finish_reasons}", highlight=False)
+    console.print(f"seconds per trajectory: {describe_time(summary.time_account)}",
+                  highlight=False)
     table = Table("task", "samples", "passed", "reward mean", "masked", "turns")
     for row in summary.per_task:
         table.add_row(row.task_id, str(row.samples), str(row.passed), f"{row.reward_mean:.3f}",

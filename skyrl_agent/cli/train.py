@@ -55,7 +55,9 @@ def train(
     from skyrl_agent.config import config_from, load_config
     from skyrl_agent.data.run_dir import RunDir
     from skyrl_agent.errors import UserError
+    from skyrl_agent.evaluation.stats import describe_time
     from skyrl_agent.jobs.train import TrainJob
+    from skyrl_agent.types import TIME_ACCOUNT
 
     setup_logging()
     if output is None:
@@ -91,7 +93,10 @@ def train(
     def show(result: StepResult) -> None:
         parts = [f"{key} {result.metrics[key]:.4g}" for key in SHOWN if key in result.metrics]
         console.print(f"step {result.step}: reward {result.reward_mean:.3f} · " +
-                      " · ".join(parts))
+                      " · ".join(parts), highlight=False)
+        spent = {bucket: result.metrics.get(f"time/{bucket}_s", 0.0) for bucket in TIME_ACCOUNT}
+        if any(spent.values()):
+            console.print(f"  seconds per trajectory: {describe_time(spent)}", highlight=False)
 
     results = run_with_progress(job.run, total=settings.trainer.max_steps, label="train",
                                 status=lambda r: f"step {r.step} · reward {r.reward_mean:.2f}",

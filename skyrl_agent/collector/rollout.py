@@ -110,4 +110,7 @@ def _trajectory(task: TaskSpec, sample_index: int, agent: Agent, session: LLMSes
         finish_reason=outcome.finish_reason, masked=masked,
         mask_reason=outcome.reason if masked else None, failure=outcome.failure,
         sandbox_time_s=episode.sandbox_time_s, agent_time_s=episode.agent_time_s,
-        verify_time_s=episode.reward.verify_time_s, metrics=metrics)
+        verify_time_s=episode.reward.verify_time_s,
+        model_time_s=session.model_time_s if session is not None else 0.0,
+        exec_time_s=episode.exec_time_s, handover_time_s=episode.handover_time_s,
+        stop_time_s=episode.stop_time_s, total_time_s=episode.total_time_s, metrics=metrics)

@@ -50,8 +50,18 @@ SCHEMA = pa.schema([
     ("reward_reason", pa.string()), ("finish_reason", pa.string()), ("masked", pa.bool_()),
     ("mask_reason", pa.string()), ("failure", pa.string()), ("sandbox_time_s", pa.float64()),
     ("agent_time_s", pa.float64()), ("verify_time_s", pa.float64()),
+    ("model_time_s", pa.float64()), ("exec_time_s", pa.float64()),
+    ("handover_time_s", pa.float64()), ("stop_time_s", pa.float64()),
+    ("framework_time_s", pa.float64()), ("total_time_s", pa.float64()),
     ("metrics", NUMBERS), ("segments", pa.list_(SEGMENT)),
 ])
+"""The time account (Trajectory.time_account) is one float column per bucket; framework_time_s
+is derived, written for readers of the files, not read back. Shards written before these
+columns existed read as zeros."""
+TIME_COLUMNS = ("model_time_s", "exec_time_s", "handover_time_s", "stop_time_s",
+                "total_time_s")
+DERIVED_COLUMNS = ("framework_time_s",)
+"""Columns computed from the others on write (no Trajectory field of their own)."""
 
 
 def _numbers(values: Mapping[str, float]) -> list[dict[str, Any]]:
@@ -87,7 +97,10 @@ def to_row(t: Trajectory) -> dict[str, Any]:
         "masked": t.masked, "mask_reason": t.mask_reason,
         "failure": None if t.failure is None else t.failure.value,
         "sandbox_time_s": t.sandbox_time_s, "agent_time_s": t.agent_time_s,
-        "verify_time_s": t.verify_time_s, "metrics": _numbers(t.metrics),
+        "verify_time_s": t.verify_time_s, "model_time_s": t.model_time_s,
+        "exec_time_s": t.exec_time_s, "handover_time_s": t.handover_time_s,
+        "stop_time_s": t.stop_time_s, "framework_time_s": t.framework_time_s,
+        "total_time_s": t.total_time_s, "metrics": _numbers(t.metrics),
         "segments": [{"turns": [_turn_row(turn) for turn in s.turns],
                       "summary_turn_index": s.summary_turn_index} for s in t.segments]}
 
@@ -123,7 +136,8 @@ def from_row(row: dict[str, Any]) -> Trajectory:
         masked=row["masked"], mask_reason=row["mask_reason"],
         failure=None if row.get("failure") is None else FailureKind(row["failure"]),
         sandbox_time_s=row["sandbox_time_s"], agent_time_s=row["agent_time_s"],
-        verify_time_s=row["verify_time_s"], metrics=_mapping(row["metrics"]))
+        verify_time_s=row["verify_time_s"], metrics=_mapping(row["metrics"]),
+        **{name: row.get(name) or 0.0 for name in TIME_COLUMNS})
 
 
 def to_table(trajectories: list[Trajectory]) -> pa.Table:

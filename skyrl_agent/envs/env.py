@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import posixpath
 import shlex
 import tempfile
-from collections.abc import Mapping
+import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from skyrl_agent.envs.terminal import TmuxTerminal
@@ -25,6 +27,21 @@ class Env:
         self.task = task
         self.sandbox = sandbox
         self._terminal: TmuxTerminal | None = None
+        self._sandbox_s = 0.0
+
+    @property
+    def exec_time_s(self) -> float:
+        """Seconds the agent's commands and file operations took in the sandbox, and its
+        terminal waited for programs to react (the exec bucket of the time account)."""
+        return self._sandbox_s + (self._terminal.waited_s if self._terminal else 0.0)
+
+    @contextlib.contextmanager
+    def _timed(self) -> Iterator[None]:
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            self._sandbox_s += time.monotonic() - started
 
     @property
     def instruction(self) -> str:
@@ -37,8 +54,9 @@ class Env:
     async def exec(self, command: str, timeout: float | None = None, cwd: str | None = None,
                    env: Mapping[str, str] | None = None) -> ExecResult:
         """Run a shell command as the task's agent user."""
-        return await self.sandbox.exec(command, timeout=timeout, cwd=cwd, env=env,
-                                       user=self.task.config.agent.user)
+        with self._timed():
+            return await self.sandbox.exec(command, timeout=timeout, cwd=cwd, env=env,
+                                           user=self.task.config.agent.user)
 
     @property
     def terminal(self) -> TmuxTerminal:
@@ -52,7 +70,8 @@ class Env:
 
         Read by the host, not with `cat`: command output is cut at max_output_bytes, and an
         editor that wrote a cut file back would corrupt it."""
-        data = await self.sandbox.read_file(posixpath.join(self.workdir, path))
+        with self._timed():
+            data = await self.sandbox.read_file(posixpath.join(self.workdir, path))
         if data is None:
             raise FileNotFoundError(path)
         return data.decode(errors="replace")
@@ -78,4 +97,5 @@ class Env:
             await self.upload(local, posixpath.join(self.workdir, path))
 
     async def upload(self, local: Path, remote: str) -> None:
-        await self.sandbox.upload(local, remote)
+        with self._timed():
+            await self.sandbox.upload(local, remote)

@@ -70,6 +70,30 @@ class EpisodeResult:
     agent_time_s: float = 0.0
     mode: str = SEPARATE
     """`separate` or `shared`: where the tests ran."""
+    exec_time_s: float = 0.0
+    """Of the agent's time, seconds its commands ran in the sandbox (Env.exec_time_s)."""
+    handover_time_s: float = 0.0
+    """Killing the agent's processes and collecting its artifacts."""
+    stop_time_s: float = 0.0
+    """Stopping the agent's sandbox."""
+    total_time_s: float = 0.0
+    """The whole episode, wall seconds (verification included)."""
+
+
+@dataclass
+class _Clock:
+    """The episode's phase times as they are measured."""
+
+    started: float = field(default_factory=time.monotonic)
+    sandbox: float = 0.0
+    agent: float = 0.0
+    exec: float = 0.0
+    handover: float = 0.0
+    stop: float = 0.0
+
+    def result(self, reward: Reward, outcome: AgentOutcome, mode: str) -> EpisodeResult:
+        return EpisodeResult(reward, outcome, self.sandbox, self.agent, mode, self.exec,
+                             self.handover, self.stop, time.monotonic() - self.started)
 
 
 Act = Callable[[Env], Awaitable[AgentOutcome]]
@@ -120,32 +144,45 @@ async def run_episode(task: TaskSpec, act: Act, sandboxes: SandboxSource,
     paths = artifact_paths(task, spec.workdir)
     if not paths:
         mode = SHARED  # nothing to carry over: the tests must see the agent's sandbox
-    started = time.monotonic()
+    clock = _Clock()
     try:
         sandbox = await sandboxes.acquire(spec)
     except (SandboxError, UnsupportedEnvironment) as exc:
-        return EpisodeResult(*_failed("sandbox start", exc), mode=mode)
-    sandbox_time = time.monotonic() - started
-    agent_started = time.monotonic()
+        return clock.result(*_failed("sandbox start", exc), mode=mode)
+    clock.sandbox = time.monotonic() - clock.started
     try:
-        outcome = await _act(act, Env(task, sandbox))
-        agent_time = time.monotonic() - agent_started
-        if outcome.failure in (FailureKind.INFRA, FailureKind.UNSUPPORTED,
-                               FailureKind.SANDBOX_DIED):
-            return EpisodeResult(Reward.failed(outcome.reason or "failed"), outcome,
-                                 sandbox_time, agent_time, mode)
-        collected = await _collect(task, sandbox, verifier, paths)
-        if isinstance(collected, tuple):
-            return EpisodeResult(*collected, sandbox_time, agent_time, mode)
-        if keep_state is not None:
-            await asyncio.to_thread(atomic_write_bytes, keep_state, collected)
-        if mode != SEPARATE:
-            reward, outcome = await _guarded(run_tests(sandbox, task, fresh_home=True), outcome)
+        done = await _in_sandbox(task, act, sandbox, verifier, paths, mode, keep_state, clock)
     finally:
+        stopping = time.monotonic()
         await asyncio.shield(sandbox.stop())  # separate mode: before the verifier's starts
+        clock.stop = time.monotonic() - stopping
+    verdict, outcome = done
+    if isinstance(verdict, bytes):  # collected: the tests run in a fresh sandbox
+        verdict, outcome = await _guarded(grade(task, verdict, sandboxes), outcome)
+    return clock.result(verdict, outcome, mode)
+
+
+async def _in_sandbox(task: TaskSpec, act: Act, sandbox: Sandbox, verifier: VerifierConfig,
+                      paths: tuple[ArtifactPath, ...], mode: str, keep_state: Path | None,
+                      clock: _Clock) -> tuple[Reward | bytes, AgentOutcome]:
+    """The agent's phase, the hand-over, and in shared mode the tests: the reward, or (separate
+    mode) the collected bundle the verifier's sandbox gets; with the agent's outcome."""
+    agent_started = time.monotonic()
+    env = Env(task, sandbox)
+    outcome = await _act(act, env)
+    clock.agent, clock.exec = time.monotonic() - agent_started, env.exec_time_s
+    if outcome.failure in (FailureKind.INFRA, FailureKind.UNSUPPORTED, FailureKind.SANDBOX_DIED):
+        return Reward.failed(outcome.reason or "failed"), outcome
+    handing_over = time.monotonic()
+    collected = await _collect(task, sandbox, verifier, paths)
+    if not isinstance(collected, tuple) and keep_state is not None:
+        await asyncio.to_thread(atomic_write_bytes, keep_state, collected)
+    clock.handover = time.monotonic() - handing_over
+    if isinstance(collected, tuple):
+        return collected
     if mode == SEPARATE:
-        reward, outcome = await _guarded(grade(task, collected, sandboxes), outcome)
-    return EpisodeResult(reward, outcome, sandbox_time, agent_time, mode)
+        return collected, outcome
+    return await _guarded(run_tests(sandbox, task, fresh_home=True), outcome)
 
 
 async def _act(act: Act, env: Env) -> AgentOutcome:

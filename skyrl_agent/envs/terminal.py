@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import re
 import shlex
+import time
 from collections.abc import Awaitable, Callable
 
 from skyrl_agent.sandboxes.base import ExecResult, SandboxError
@@ -31,6 +32,9 @@ class TmuxTerminal:
         self.height = height
         self.workdir = workdir
         self.started = False
+        self.waited_s = 0.0
+        """Seconds spent waiting for programs in the terminal to react (the agent's waits and
+        the shell's first prompt)."""
 
     async def start(self) -> None:
         found = await self._exec("command -v tmux", timeout=10)
@@ -52,7 +56,7 @@ class TmuxTerminal:
         while asyncio.get_running_loop().time() < deadline:
             if (await self._tmux(f"capture-pane -p -t {self.name}")).stdout.strip():
                 return
-            await asyncio.sleep(0.02)
+            await self._wait(0.02)
 
     async def send_keys(self, keystrokes: str, wait_s: float = 0.0) -> None:
         """Type `keystrokes` (a newline presses Enter; a lone key name like C-c is that key),
@@ -72,7 +76,12 @@ class TmuxTerminal:
             if parts:
                 await self._tmux(" \\; ".join(parts))
         if wait_s > 0:
-            await asyncio.sleep(wait_s)
+            await self._wait(wait_s)
+
+    async def _wait(self, seconds: float) -> None:
+        started = time.monotonic()
+        await asyncio.sleep(seconds)
+        self.waited_s += time.monotonic() - started
 
     async def capture(self) -> str:
         """The visible pane's text, trailing blanks cut."""

@@ -185,7 +185,8 @@ def sampled_tokens(trajectory: Trajectory) -> int:
 
 
 def run_charts(summary: RunSummary, trajectories: list[Trajectory]) -> list[str]:
-    """pass@k for k = 1..n, mean reward per task, turns and sampled tokens per trajectory."""
+    """pass@k for k = 1..n, mean reward per task, turns and sampled tokens per trajectory, and
+    the mean time account (when any time was recorded)."""
     charts = []
     curve = pass_at_curve(summary)
     if curve:
@@ -200,6 +201,11 @@ def run_charts(summary: RunSummary, trajectories: list[Trajectory]) -> list[str]
                             [float(t.num_turns) for t in trajectories], "turns"))
     charts.append(histogram("chart-tokens", "Sampled tokens per trajectory",
                             [float(sampled_tokens(t)) for t in trajectories], "sampled tokens"))
+    account = summary.time_account
+    if sum(account.values()) > 0:
+        charts.append(bar_chart("chart-time-account", "Where a trajectory's time went",
+                                list(account), list(account.values()),
+                                "time account bucket", "mean seconds"))
     return charts
 
 

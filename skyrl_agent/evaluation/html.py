@@ -1,7 +1,7 @@
 """A self-contained HTML report: run summary, charts, per-task table and a trajectory viewer.
 
 One file, no network: the charts are inline SVG (charts.py: pass@k over k, mean reward per task,
-histograms of turns and sampled tokens, and a training run's per-step curves); the data is
+histograms of turns and sampled tokens, the time account, and a training run's per-step curves); the data is
 embedded as JSON and a small script renders it, with a task filter and expandable trajectories
 showing each turn's new input, the model's output and the reward.
 
@@ -77,7 +77,7 @@ def report_data(summary: RunSummary, trajectories: list[Trajectory], title: str,
             "task": t.task_id, "sample": t.sample_index, "agent": t.agent,
             "reward": t.reward.value, "reward_reason": t.reward.reason,
             "components": dict(t.reward.components), "finish": t.finish_reason.value,
-            "masked": t.masked, "mask_reason": t.mask_reason,
+            "masked": t.masked, "mask_reason": t.mask_reason, "time": t.time_account(),
             "segments": len(t.segments), "turns": _turns(t, decode)} for t in trajectories]}
 
 
@@ -155,7 +155,8 @@ const s = data.summary;
 const passAt = Object.entries(s.pass_at).map(([k, v]) => `pass@${k} ${fmt(v)}`).join(", ");
 document.getElementById("summary").append(
   el("p", {}, `${s.trajectories} trajectories over ${s.tasks} tasks; reward mean ${fmt(s.reward_mean)}; ${passAt}; masked ${s.masked}`),
-  el("p", {}, `finish reasons: ${JSON.stringify(s.finish_reasons)}; turns ${fmt(s.turns_mean)}; completion tokens ${fmt(s.completion_tokens_mean)}; summaries ${s.summaries_total}; drift ${fmt(s.drift_tokens_mean)}`));
+  el("p", {}, `finish reasons: ${JSON.stringify(s.finish_reasons)}; turns ${fmt(s.turns_mean)}; completion tokens ${fmt(s.completion_tokens_mean)}; summaries ${s.summaries_total}; drift ${fmt(s.drift_tokens_mean)}`),
+  el("p", {"id": "time-account"}, "seconds per trajectory: " + Object.entries(s.time_account).map(([k, v]) => `${k} ${v.toFixed(2)}`).join(" · ")));
 const tasks = document.getElementById("tasks");
 tasks.append(el("tr", {}, ...["task", "samples", "passed", "reward mean", "masked", "turns"].map(h => el("th", {}, h))));
 s.per_task.forEach(r => tasks.append(el("tr", {"class": "task-row"},
@@ -165,6 +166,8 @@ data.trajectories.forEach(t => {
   const head = el("summary", {}, `${t.task} #${t.sample} — reward ${fmt(t.reward)} — ${t.finish} — ${t.turns.length} turns` + (t.masked ? ` — masked: ${t.mask_reason}` : ""));
   const box = el("details", {"class": "trajectory" + (t.masked ? " masked" : ""), "data-task": t.task}, head);
   if (t.reward_reason) box.append(el("p", {"class": "meta"}, `reward note: ${t.reward_reason}`));
+  const spent = Object.entries(t.time).filter(([, v]) => v > 0);
+  if (spent.length) box.append(el("p", {"class": "time"}, "seconds: " + spent.map(([k, v]) => `${k} ${v.toFixed(2)}`).join(" · ")));
   t.turns.forEach((turn, i) => box.append(el("div", {"class": "turn"},
     el("div", {"class": "meta"}, `turn ${i + 1} (segment ${turn.segment + 1}) · prompt ${turn.prompt_tokens} tok · completion ${turn.completion_tokens} tok · mean logprob ${fmt(turn.mean_logprob)} · policy v${turn.policy_version} · ${turn.finish}`),
     el("div", {}, "input"), el("pre", {"class": "input"}, turn.input),

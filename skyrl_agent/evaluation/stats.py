@@ -1,4 +1,5 @@
-"""Offline statistics of stored trajectories: rewards, pass@k, finish reasons, tokens, drift."""
+"""Offline statistics of stored trajectories: rewards, pass@k, finish reasons, tokens, drift,
+where the time went."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from math import comb
 
-from skyrl_agent.types import Trajectory
+from skyrl_agent.types import TIME_ACCOUNT, Trajectory
 
 PASS_THRESHOLD = 1.0
 """A sample passes when its reward reaches this (tests all green)."""
@@ -48,6 +49,8 @@ class RunSummary:
     summaries_total: int
     drift_tokens_mean: float
     per_task: list[TaskRow]
+    time_account: dict[str, float]
+    """Bucket (types.TIME_ACCOUNT) -> mean seconds per trajectory."""
 
 
 def _mean(values: list[float]) -> float:
@@ -100,7 +103,23 @@ def summarize(trajectories: list[Trajectory]) -> RunSummary:
         completion_tokens_mean=_mean(metric("completion_tokens")),
         prompt_tokens_mean=_mean(metric("prompt_tokens")),
         summaries_total=int(sum(metric("summaries"))),
-        drift_tokens_mean=_mean(metric("drift_tokens")), per_task=rows)
+        drift_tokens_mean=_mean(metric("drift_tokens")), per_task=rows,
+        time_account=time_account(trajectories))
+
+
+def time_account(trajectories: list[Trajectory]) -> dict[str, float]:
+    """Mean seconds per trajectory in each bucket of the time account."""
+    accounts = [t.time_account() for t in trajectories]
+    return {bucket: _mean([a[bucket] for a in accounts]) for bucket in TIME_ACCOUNT}
+
+
+def describe_time(account: dict[str, float]) -> str:
+    """A time account in one line: each bucket's seconds and share of their sum."""
+    total = sum(account.values())
+    if total <= 0:
+        return "no time recorded"
+    return " · ".join(f"{bucket} {seconds:.2f}s ({seconds / total:.0%})"
+                      for bucket, seconds in account.items())
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from skyrl_agent.envs.env import Env
 from skyrl_agent.errors import UserError
 from skyrl_agent.harbor.relay import RelayConnector
 from skyrl_agent.harbor.relay_job import job_trajectories, wait_for_job
-from skyrl_agent.harbor.serve import harbor_serve
+from skyrl_agent.harbor.serve import harbor_serving
 from skyrl_agent.harbor.toolchains import toolchain
 from skyrl_agent.tasks.model import TaskSpec
 from skyrl_agent.types import Trajectory, TrajectoryGroup
@@ -105,8 +105,7 @@ class RelayedCollector:
         scratch = await asyncio.to_thread(_reachable_folder)
         stack.callback(shutil.rmtree, scratch, True)
         self._scratch = scratch
-        self.harbor = await asyncio.to_thread(
-            stack.enter_context, harbor_serve(Path(self.store.run_dir)))
+        self.harbor = await stack.enter_async_context(harbor_serving(Path(self.store.run_dir)))
         proxy = await stack.enter_async_context(CaptureProxy())
         self.rollouts = proxy.open_rollouts(lambda rollout: self._sessions(self._stand_in,
                                                                            rollout))

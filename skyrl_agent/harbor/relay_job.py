@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from skyrl_agent.capture import RolloutSessions
-from skyrl_agent.harbor.results import harbor_error, harbor_reward
+from skyrl_agent.harbor.results import harbor_error, harbor_reward, harbor_times
 from skyrl_agent.types import Trajectory
 
 FINISHED = ("finished", "cancelled")
@@ -61,7 +61,8 @@ def job_trajectories(rollouts: Sequence[Any], sessions: RolloutSessions, agent: 
             segments=captured.llm.segments if captured is not None else (),
             reward=harbor_reward(rollout.rewards, why), finish_reason=decided.finish_reason,
             failure=decided.failure, masked=decided.masked,
-            mask_reason=why if decided.masked else None,
+            mask_reason=why if decided.masked else None, **harbor_times(rollout.result),
+            model_time_s=captured.llm.model_time_s if captured is not None else 0.0,
             metrics={**({**captured.llm.metrics(), **captured.metrics()}
                         if captured is not None else {}),
                      "harbor_rollout": 1.0}))

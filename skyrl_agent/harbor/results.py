@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from skyrl_agent.collector.policy import ERROR_TYPES, FINISH_ERROR_TYPES, policy_for
 from skyrl_agent.types import FailureKind, FinishReason, Reward
@@ -44,3 +45,20 @@ def harbor_error(error_type: str | None) -> HarborError:
     reason = FinishReason.AGENT_TIMEOUT if failure == FailureKind.AGENT_TIMEOUT \
         else FinishReason.ERROR
     return HarborError(failure, reason, masked)
+
+
+def _seconds(phase: Any) -> float:
+    if phase is None or phase.started_at is None or phase.finished_at is None:
+        return 0.0
+    return max(0.0, (phase.finished_at - phase.started_at).total_seconds())
+
+
+def harbor_times(result: Any) -> dict[str, float]:
+    """A Harbor trial's phase timings (a harbor TrialResult; None: unknown) as our time
+    account's Trajectory fields: its environment setup is the sandbox's start, its agent
+    setup and run the agent's time, its verifier the verification."""
+    if result is None:
+        return {}
+    return {"sandbox_time_s": _seconds(result.environment_setup),
+            "agent_time_s": _seconds(result.agent_setup) + _seconds(result.agent_execution),
+            "verify_time_s": _seconds(result.verifier), "total_time_s": _seconds(result)}

@@ -18,7 +18,7 @@ from typing import Any
 
 from skyrl_agent.agents.session import LLMSession
 from skyrl_agent.capture import CaptureProxy
-from skyrl_agent.harbor.results import harbor_error, harbor_reward
+from skyrl_agent.harbor.results import harbor_error, harbor_reward, harbor_times
 from skyrl_agent.tasks.model import TaskSpec
 from skyrl_agent.types import Trajectory
 
@@ -69,5 +69,5 @@ async def harbor_trial(task: TaskSpec, agent_name: str, llm: LLMSession, trials_
         reward=harbor_reward(rewards, why or "the trial produced no reward"),
         finish_reason=decided.finish_reason, failure=decided.failure,
         mask_reason=why if masked else None, masked=masked,
-        agent_time_s=time.monotonic() - started,
-        metrics={**handle.session.metrics(), "harbor_trial": 1.0})
+        **{"agent_time_s": time.monotonic() - started, **harbor_times(result)},
+        model_time_s=llm.model_time_s, metrics={**handle.session.metrics(), "harbor_trial": 1.0})

@@ -147,7 +147,11 @@ class SkyrlEnvironment(BaseEnvironment):
         if not self._owned:
             return
         sandbox = create_sandbox(self._spec(), self._config)
-        await sandbox.start()
+        try:
+            await sandbox.start()
+        except BaseException:  # what it made so far goes too
+            await asyncio.shield(sandbox.stop())
+            raise
         self._sandbox = sandbox
         if self.options.relay_url:
             try:

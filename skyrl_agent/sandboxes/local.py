@@ -237,6 +237,8 @@ class LocalSandbox(Sandbox):
                 shutil.copy2(step.source, target)
         if os.geteuid() == 0:
             _chown_tree(root, SANDBOX_UID)
+            for stage in self._mount_sources().values():  # owned by us, outside root/
+                Path(stage).mkdir(mode=0o755, parents=True)
         # Written after the chown: owned by the caller, so the sandbox can read but not change it.
         server_dir = root / SERVER_PATH.parent.relative_to("/")
         server_dir.mkdir(mode=0o755)
@@ -258,8 +260,7 @@ class LocalSandbox(Sandbox):
                 args += ["--ro-bind", f"/etc/{entry}", f"/etc/{entry}"]
         if self.spec.network:
             args += ["--ro-bind", str(self.root.parent / RESOLV_CONF), "/etc/resolv.conf"]
-        # Bound by the unprivileged sandbox user: a source must be reachable by it.
-        for inside, source in self.spec.read_only_mounts.items():
+        for inside, source in self._mount_sources().items():
             args += ["--ro-bind", source, inside]
         args += ["--clearenv"]
         for key, value in {**BASE_ENV, **plan.env}.items():
@@ -273,6 +274,7 @@ class LocalSandbox(Sandbox):
         if os.geteuid() == 0:
             command = ["setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}",
                        "--clear-groups", *command]
+            command = self._staged_mounts(command)
         limits = self._rlimits()
         if limits:
             command = ["prlimit", *limits, "--", *command]
@@ -281,6 +283,29 @@ class LocalSandbox(Sandbox):
                                 for f in self._cgroup.procs_files)
             command = ["/bin/sh", "-c", f'{joins} && exec "$@"', "sh", *command]
         return command
+
+    def _mount_sources(self) -> dict[str, str]:
+        """Sandbox path -> the folder bwrap binds there. bwrap runs as the unprivileged sandbox
+        user when we are root, and that user may not reach a source (e.g. under root's home),
+        so there each source is bound first onto a stage of its own in the sandbox's folder,
+        in a mount namespace private to the sandbox's processes (_staged_mounts)."""
+        mounts = self.spec.read_only_mounts
+        if os.geteuid() != 0:
+            return dict(mounts)
+        assert self._dir is not None
+        return {inside: str(self._dir / "mounts" / str(i)) for i, inside in enumerate(mounts)}
+
+    def _staged_mounts(self, command: list[str]) -> list[str]:
+        """`command` in a private mount namespace where each read-only mount's source is bound
+        onto its stage (the host's mounts stay as they are; the binds end with the sandbox)."""
+        if not self.spec.read_only_mounts:
+            return command
+        stages = self._mount_sources()
+        binds = " && ".join(
+            f"mount --bind -- {shlex.quote(source)} {shlex.quote(stages[inside])}"
+            for inside, source in self.spec.read_only_mounts.items())
+        return ["unshare", "--mount", "--propagation", "private", "--",
+                "/bin/sh", "-c", f'{binds} && exec "$@"', "sh", *command]
 
     def _rlimits(self) -> list[str]:
         """prlimit options: disk per file where no loop disk is mounted; without cgroups also

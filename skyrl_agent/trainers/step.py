@@ -19,7 +19,7 @@ from skyrl_agent.trainers.batch import groups_to_batch
 from skyrl_agent.trainers.settings import adam_params, loss_config
 from skyrl_agent.trainers.stream import GroupSlot
 from skyrl_agent.trainers.workers import GroupSource, ServerControl
-from skyrl_agent.types import TrajectoryGroup
+from skyrl_agent.types import TIME_ACCOUNT, TrajectoryGroup
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +49,8 @@ async def publish(backend: TrainerBackend, servers: ServerControl, version: int)
 
 
 def group_metrics(groups: list[TrajectoryGroup]) -> dict[str, float]:
-    """What the step's samples were: pass rate (reward 1), masked ones by failure kind, and
-    how many tokens were sampled."""
+    """What the step's samples were: pass rate (reward 1), masked ones by failure kind, how
+    many tokens were sampled, and where their time went (time account means)."""
     samples = [t for g in groups for t in g.trajectories]
     kept = [t for t in samples if not t.masked]
     metrics = {"pass_rate": sum(t.reward.value >= 1.0 for t in kept) / max(len(kept), 1),
@@ -60,6 +60,9 @@ def group_metrics(groups: list[TrajectoryGroup]) -> dict[str, float]:
         if t.masked:
             key = f"masked/{t.failure or 'other'}"
             metrics[key] = metrics.get(key, 0.0) + 1
+    accounts = [t.time_account() for t in samples]
+    for bucket in TIME_ACCOUNT:  # mean seconds per trajectory in each bucket
+        metrics[f"time/{bucket}_s"] = sum(a[bucket] for a in accounts) / max(len(accounts), 1)
     return metrics
 
 
