@@ -16,7 +16,7 @@ import pytest
 
 from skyrl_agent.data.run_dir import RunDir
 from skyrl_agent.data.store import TrajectoryStore
-from skyrl_agent.evaluation.stats import pass_at_k, summarize
+from skyrl_agent.evaluation.stats import describe_time, pass_at_k, summarize
 from tests.test_html_report import dump_dom
 from tests.test_store import make_trajectory
 
@@ -48,6 +48,23 @@ def test_summary_of_a_constructed_run():
     assert summary.pass_at[4] == 1.0
     assert [(r.task_id, r.passed) for r in summary.per_task] == [("demo/a", 2), ("demo/b", 1)]
     assert summary.turns_mean == 3 and summary.finish_reasons == {"stop": 8}
+
+
+def test_the_time_account_is_a_mean_per_bucket_described_by_its_share():
+    first = dataclasses.replace(make_trajectory("t/a", 0, 1.0), sandbox_time_s=1.0,
+                                model_time_s=2.0, total_time_s=4.0)
+    second = dataclasses.replace(make_trajectory("t/a", 1, 0.0), sandbox_time_s=3.0,
+                                 exec_time_s=1.0, verify_time_s=0.5, total_time_s=4.5)
+    account = summarize([first, second]).time_account
+    assert account == {"sandbox": 2.0, "model": 1.0, "exec": 0.5, "framework": 0.5,
+                       "handover": 0.0, "verify": 0.25, "stop": 0.0}
+    # framework: 4 - 1 - 2 = 1 for the first, 4.5 - 3 - 1 - 0.5 = 0 for the second.
+    line = describe_time(account)
+    assert line.split(" · ")[:4] == ["sandbox 2.00s (47%)", "model 1.00s (24%)",
+                                     "exec 0.50s (12%)", "framework 0.50s (12%)"]
+    assert line.endswith("verify 0.25s (6%) · stop 0.00s (0%)")
+    assert describe_time(summarize([make_trajectory("t/a", 0, 1.0)]).time_account) == \
+        "no time recorded"
 
 
 def masked(trajectory):

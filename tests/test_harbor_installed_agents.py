@@ -127,10 +127,11 @@ def test_train_runs_a_harbor_agent_unmodified_through_the_relay(
     stored = TrajectoryStore(run_dir).load().trajectories
     assert stored and {t.agent for t in stored} == {"harbor:mini-swe-agent"}
     assert all(t.num_turns >= 1 and not t.masked for t in stored)
-    # Every stored sample is one of Harbor's rollouts (groups still running when the run
-    # ended were cancelled, not stored).
+    # Whole groups only (the loop may have sampled one group ahead); every stored sample is
+    # one of Harbor's rollouts (groups still running when the run ended were cancelled).
+    assert len(stored) >= 4 and len(stored) % 2 == 0
     rollouts = list((run_dir / "harbor-data" / "files" / "rollouts").glob("*/*/result.json"))
-    assert len(rollouts) >= len(stored) == 4
+    assert len(rollouts) >= len(stored)
 
 
 def test_an_agent_harbor_does_not_register_is_one_line():

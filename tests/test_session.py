@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from transformers import AutoTokenizer
 
@@ -73,6 +75,21 @@ async def test_session_records_a_growing_token_sequence(tokenizer):
     assert session.drift_tokens() == 0  # every reply ended cleanly: nothing to drift
     assert session.metrics()["completion_tokens"] == sum(
         len(t.completion_ids) for t in segment.turns)
+
+
+async def test_model_time_counts_every_call_and_the_wait_for_a_free_slot(tokenizer):
+    async with (ScriptedServer(tokenizer, replies("first", "second")) as server,
+                InferenceClient([server.url]) as client):
+        session = LLMSession(client, tokenizer, SessionConfig(max_tokens=50))
+        session.limiter = asyncio.Semaphore(1)
+        await session.chat(CONVERSATION[:2])
+        (first,) = session.segments[0].turns
+        assert session.model_time_s >= first.latency_s > 0
+        await session.limiter.acquire()  # another session holds the only slot for 0.3 s
+        asyncio.get_running_loop().call_later(0.3, session.limiter.release)
+        await session.chat([{"role": "user", "content": "more"}])
+    latencies = sum(t.latency_s for t in session.segments[0].turns)
+    assert session.model_time_s >= latencies + 0.3
 
 
 async def test_a_first_prompt_beyond_the_context_overflows(tokenizer):
