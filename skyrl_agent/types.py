@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import enum
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -337,6 +337,13 @@ class Trajectory:
                 "exec": self.exec_time_s, "framework": self.framework_time_s,
                 "handover": self.handover_time_s, "verify": self.verify_time_s,
                 "stop": self.stop_time_s}
+
+
+def mean_time_account(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """Mean seconds per trajectory in each bucket of the time account (zeros for none)."""
+    accounts = [t.time_account() for t in trajectories]
+    return {bucket: sum(a[bucket] for a in accounts) / max(len(accounts), 1)
+            for bucket in TIME_ACCOUNT}
 
 
 @dataclass(frozen=True)

@@ -77,8 +77,7 @@ class Collector:
         """The samples `indices` of one task, as a group; samples the store already holds are
         read back, not run again."""
         if self._stored is None:
-            contents = await asyncio.to_thread(self.store.load)
-            self._stored = {(t.task_id, t.sample_index): t for t in contents.trajectories}
+            self._stored = await stored_samples(self.store)
         stored = self._stored
 
         async def sample(index: int) -> Trajectory:
@@ -111,6 +110,12 @@ class Collector:
         await asyncio.to_thread(self.store.append, [trajectory])  # on disk before handed on
         self.on_trajectory(trajectory)
         return trajectory
+
+
+async def stored_samples(store: TrajectorySink) -> dict[tuple[str, int], Trajectory]:
+    """What the store already holds, by (task, sample index): a resumed run's done samples."""
+    contents = await asyncio.to_thread(store.load)
+    return {(t.task_id, t.sample_index): t for t in contents.trajectories}
 
 
 def missing_samples(store: TrajectoryStore, tasks: list[TaskSpec], n: int,

@@ -1,9 +1,9 @@
 """A self-contained HTML report: run summary, charts, per-task table and a trajectory viewer.
 
 One file, no network: the charts are inline SVG (charts.py: pass@k over k, mean reward per task,
-histograms of turns and sampled tokens, the time account, and a training run's per-step curves); the data is
-embedded as JSON and a small script renders it, with a task filter and expandable trajectories
-showing each turn's new input, the model's output and the reward.
+histograms of turns and sampled tokens, the time account, and a training run's per-step
+curves); the data is embedded as JSON and a small script renders it, with a task filter and
+expandable trajectories showing each turn's new input, the model's output and the reward.
 
 Every string in the page may be the agent's (outputs, reasons, task ids): the JSON goes through
 `script_json`, text and attributes outside it through `html.escape`, and the page's

@@ -7,7 +7,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from math import comb
 
-from skyrl_agent.types import TIME_ACCOUNT, Trajectory
+from skyrl_agent.types import Trajectory, mean_time_account
 
 PASS_THRESHOLD = 1.0
 """A sample passes when its reward reaches this (tests all green)."""
@@ -104,13 +104,7 @@ def summarize(trajectories: list[Trajectory]) -> RunSummary:
         prompt_tokens_mean=_mean(metric("prompt_tokens")),
         summaries_total=int(sum(metric("summaries"))),
         drift_tokens_mean=_mean(metric("drift_tokens")), per_task=rows,
-        time_account=time_account(trajectories))
-
-
-def time_account(trajectories: list[Trajectory]) -> dict[str, float]:
-    """Mean seconds per trajectory in each bucket of the time account."""
-    accounts = [t.time_account() for t in trajectories]
-    return {bucket: _mean([a[bucket] for a in accounts]) for bucket in TIME_ACCOUNT}
+        time_account=mean_time_account(trajectories))
 
 
 def describe_time(account: dict[str, float]) -> str:

@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 from skyrl_agent.agents.base import Agent, AgentResult
 from skyrl_agent.agents.session import LLMSession
 from skyrl_agent.capture import CaptureProxy
-from skyrl_agent.collector.collector import TrajectorySink
+from skyrl_agent.collector.collector import TrajectorySink, stored_samples
 from skyrl_agent.collector.policy import FailurePolicy
 from skyrl_agent.collector.rollout import SessionFactory, make_agent
 from skyrl_agent.config import RunConfig
@@ -148,8 +148,7 @@ class RelayedCollector:
     async def run_group(self, task: TaskSpec, indices: Sequence[int]) -> TrajectoryGroup:
         """The samples `indices` of `task`; those the store holds are read back."""
         if self._stored is None:
-            contents = await asyncio.to_thread(self.store.load)
-            self._stored = {(t.task_id, t.sample_index): t for t in contents.trajectories}
+            self._stored = await stored_samples(self.store)
         missing = [i for i in indices if (task.name, i) not in self._stored]
         fresh = await self._job(task, missing) if missing else []
         await asyncio.to_thread(self.store.append, fresh)  # on disk before handed on

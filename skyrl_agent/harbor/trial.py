@@ -12,7 +12,6 @@ for runs made by `rollout`.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +42,6 @@ async def harbor_trial(task: TaskSpec, agent_name: str, llm: LLMSession, trials_
     from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig
     from harbor.trial.trial import Trial
 
-    started = time.monotonic()
     async with CaptureProxy(model_name=MODEL_NAME) as proxy:
         handle = proxy.open(llm)
         try:
@@ -69,5 +67,5 @@ async def harbor_trial(task: TaskSpec, agent_name: str, llm: LLMSession, trials_
         reward=harbor_reward(rewards, why or "the trial produced no reward"),
         finish_reason=decided.finish_reason, failure=decided.failure,
         mask_reason=why if masked else None, masked=masked,
-        **{"agent_time_s": time.monotonic() - started, **harbor_times(result)},
-        model_time_s=llm.model_time_s, metrics={**handle.session.metrics(), "harbor_trial": 1.0})
+        **harbor_times(result), model_time_s=llm.model_time_s,
+        metrics={**handle.session.metrics(), "harbor_trial": 1.0})

@@ -160,8 +160,8 @@ class DockerSandbox(Sandbox):
             cap_drop=["ALL"],
             cap_add=["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "SETUID", "SETGID", "KILL"],
             security_opt=["no-new-privileges"], runtime=self.config.docker.runtime,
-            volumes={host: {"bind": inside, "mode": "ro"}
-                     for inside, host in spec.read_only_mounts.items()},
+            mounts=[docker.types.Mount(inside, host, type="bind", read_only=True)
+                    for inside, host in spec.read_only_mounts.items()],
             labels={LABEL: spec.name, f"{LABEL}.deadline": str(time.time() + spec.deadline_s)},
         )
 

@@ -19,7 +19,7 @@ from skyrl_agent.trainers.batch import groups_to_batch
 from skyrl_agent.trainers.settings import adam_params, loss_config
 from skyrl_agent.trainers.stream import GroupSlot
 from skyrl_agent.trainers.workers import GroupSource, ServerControl
-from skyrl_agent.types import TIME_ACCOUNT, TrajectoryGroup
+from skyrl_agent.types import TrajectoryGroup, mean_time_account
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +60,8 @@ def group_metrics(groups: list[TrajectoryGroup]) -> dict[str, float]:
         if t.masked:
             key = f"masked/{t.failure or 'other'}"
             metrics[key] = metrics.get(key, 0.0) + 1
-    accounts = [t.time_account() for t in samples]
-    for bucket in TIME_ACCOUNT:  # mean seconds per trajectory in each bucket
-        metrics[f"time/{bucket}_s"] = sum(a[bucket] for a in accounts) / max(len(accounts), 1)
+    for bucket, seconds in mean_time_account(samples).items():
+        metrics[f"time/{bucket}_s"] = seconds
     return metrics
 
 
