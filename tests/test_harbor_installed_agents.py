@@ -134,6 +134,18 @@ def test_train_runs_a_harbor_agent_unmodified_through_the_relay(
     assert len(rollouts) >= len(stored)
 
 
+def test_a_harbor_agent_without_root_is_refused_before_any_work(monkeypatch):
+    """Without root no sandbox can reach the relay: one error up front, not a run whose every
+    rollout fails inside Harbor."""
+    from skyrl_agent.errors import UserError
+    from skyrl_agent.harbor.relay_collector import relayed_agent_class
+
+    assert relayed_agent_class("harbor:mini-swe-agent").harbor_name == "mini-swe-agent"
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(UserError, match="harbor:mini-swe-agent needs root"):
+        relayed_agent_class("harbor:mini-swe-agent")
+
+
 def test_an_agent_harbor_does_not_register_is_one_line():
     result = run("train", "--agent", "harbor:no-such-agent", "--dry-run", "--tasks", "toy")
     assert_one_line_error(result, "harbor has no agent 'no-such-agent'")

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import shutil
 import tempfile
 from collections.abc import Sequence
@@ -64,6 +65,9 @@ def relayed_agent_class(name: str) -> type[RelayedHarborAgent]:
     known = sorted(a.value for a in AgentName)
     if agent not in known:
         raise UserError(f"harbor has no agent {agent!r}; its agents: {', '.join(known)}")
+    if os.geteuid() != 0:  # else every rollout would fail in Harbor, one by one
+        raise UserError(f"{name} needs root: its sandboxes reach Harbor's relay through a "
+                        "socket opened in their network namespace")
     return type(f"Relayed_{agent.replace('-', '_')}", (RelayedHarborAgent,),
                 {"name": name, "harbor_name": agent})
 
