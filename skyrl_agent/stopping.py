@@ -56,9 +56,9 @@ def run_until_stopped[T](make_coro: Callable[[], Coroutine[Any, Any, T]]) -> T:
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, on_sigterm)
         try:
             return await make_coro()
-        except asyncio.CancelledError:
+        except BaseException as error:  # e.g. RunStopped after a dead server cancelled the work
             await _drain(main)
-            if terminated:
+            if terminated and isinstance(error, asyncio.CancelledError):
                 raise _stopped_by_sigterm() from None
             raise
 
@@ -70,8 +70,9 @@ def run_until_stopped[T](make_coro: Callable[[], Coroutine[Any, Any, T]]) -> T:
 
 
 async def _drain(main: asyncio.Task[Any]) -> None:
-    """Let clean-ups still running elsewhere finish (e.g. a sandbox's shielded stop()):
-    asyncio.run would cancel them halfway once the main task returns."""
+    """Let clean-ups still running elsewhere finish (e.g. a sandbox's shielded stop(), left
+    running on its own when its episode was cancelled during it): asyncio.run would cancel them
+    halfway once the main task ends, whether by a cancel or by an error such as RunStopped."""
     others = [task for task in asyncio.all_tasks() if task is not main]
     await asyncio.gather(*others, return_exceptions=True)
 

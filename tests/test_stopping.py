@@ -5,6 +5,7 @@ so no trainer keeps running with its sandboxes and model server after its run wa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -32,6 +33,30 @@ async def _work_with_a_slow_clean_up(folder: Path, stop_self: bool) -> None:
         (folder / "cleaned").write_text("yes")
 
 
+async def _slow_clean_up(folder: Path) -> None:
+    await asyncio.sleep(0.5)
+    (folder / "cleaned").write_text("yes")
+
+
+async def _episode_that_ends_and_stops_its_sandbox(folder: Path) -> None:
+    try:
+        return
+    finally:  # like run_episode's shielded sandbox.stop()
+        await asyncio.shield(_slow_clean_up(folder))
+
+
+async def _work_that_stops_while_an_episode_cleans_up(folder: Path) -> None:
+    """What `watched` does when the model server dies while an episode stops its sandbox: the
+    episode is cancelled (its shielded clean-up goes on as a task of its own) and the run stops
+    with RunStopped, not with a cancel."""
+    episode = asyncio.create_task(_episode_that_ends_and_stops_its_sandbox(folder))
+    await asyncio.sleep(0.1)
+    episode.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await episode
+    raise RunStopped("the model server exited")
+
+
 def sleeping_stage(folder: str) -> None:
     run_until_stopped(lambda: _work_with_a_slow_clean_up(Path(folder), stop_self=False))
 
@@ -56,6 +81,14 @@ def test_sigterm_cancels_the_work_after_its_clean_ups_and_keeps_the_handler(tmp_
     assert (tmp_path / "cleaned").read_text() == "yes"
     # asyncio leaves SIG_DFL behind when its loop closes: a later SIGTERM would kill outright
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_run_stopped_by_an_error_still_finishes_the_clean_ups_it_started(tmp_path):
+    # Cut short by asyncio.run's final cancel, a sandbox's stop() left its folder behind and its
+    # process transport to be collected after the loop closed: a traceback under the stop line.
+    with pytest.raises(RunStopped, match="model server exited"):
+        run_until_stopped(lambda: _work_that_stops_while_an_episode_cleans_up(tmp_path))
+    assert (tmp_path / "cleaned").read_text() == "yes"
 
 
 def test_a_child_stage_returns_its_result_and_raises_its_error():
