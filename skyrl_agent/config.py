@@ -166,6 +166,10 @@ class InferenceConfig(_Section):
     num_servers: int = Field(default=1, gt=0)
     """Embedded servers to start (ignored with an endpoint); sessions stick to one server and
     new sessions go to the least busy."""
+    kv_cache_mb: float = Field(default=1024, ge=16)
+    """KV cache memory budget of each embedded server in MB: its running batch (rows reserved
+    at prompt + max_tokens) and its prefix cache together; requests beyond it wait. The KV is
+    kept in `dtype`."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Weights dtype of the embedded servers. bfloat16 halves their memory but samples with
     other numerics than a float32 trainer: the logprob gap that off-policy correction and, for

@@ -218,3 +218,40 @@ async def test_vllm_is_driven_by_the_same_client(smollm2_dir):
             await client.pause("keep")
             await client.resume()
     assert len(out.token_ids) == len(out.logprobs) > 0
+
+
+def _control_app(card: dict) -> web.Application:
+    """A unit-tier stand-in for a server's control routes: records each route it is called on."""
+    seen: list[str] = []
+
+    async def record(request: web.Request) -> web.Response:
+        seen.append(request.path)
+        if request.path == "/v1/models":
+            return web.json_response({"data": [card]})
+        return web.json_response({"seconds": 0.0})
+
+    app = web.Application()
+    app.router.add_get("/v1/models", record)
+    for route in ("/pause", "/resume", "/update_weights"):
+        app.router.add_post(route, record)
+    app[SEEN] = seen
+    return app
+
+
+async def test_only_a_server_that_cannot_swap_live_is_paused_around_its_update():
+    """Stops: the trainer pausing every server for the whole transfer (the sampler idle while
+    a server that stages weights beside decoding could have kept going), and the converse: a
+    server without live swaps (vLLM) loading weights while it decodes."""
+    live, plain = _control_app({"id": "m", "weight_swap": "live"}), _control_app({"id": "m"})
+    ports = [_free_port(), _free_port()]
+    runners = [await _serve(app, port) for app, port in zip((live, plain), ports, strict=True)]
+    try:
+        async with InferenceClient([f"http://127.0.0.1:{p}" for p in ports]) as client:
+            for version in (1, 2):
+                await client.update_weights("/dev/shm/policy.safetensors", version)
+    finally:
+        for runner in runners:
+            await runner.cleanup()
+    assert live[SEEN] == ["/v1/models", "/update_weights", "/update_weights"]
+    assert plain[SEEN] == ["/v1/models", "/pause", "/update_weights", "/resume",
+                           "/pause", "/update_weights", "/resume"]

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 import torch
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.cache_utils import DynamicCache
 
 from skyrl_agent.inference.server.engine import Engine
+from skyrl_agent.inference.server.kv import KVBatch
+from skyrl_agent.inference.server.kv_budget import KVBudgetExceeded, kv_bytes_per_token
 from skyrl_agent.inference.server.prefix_cache import PrefixCache
 from skyrl_agent.inference.server.sampling import SamplingParams, choose, make_generator
 from skyrl_agent.inference.server.weights import WeightUpdateError, load_weights
+from skyrl_agent.types import ChangedWeights
 from tests.inference_helpers import max_abs_diff, teacher_forced_logprobs
 
 PROMPTS = [[1, 504, 3575, 282, 4649, 314], [1, 22, 23], list(range(100, 140)), [7, 8, 9, 10, 11]]
@@ -167,8 +172,8 @@ async def test_weight_update_changes_outputs_and_version(tiny, tmp_path):
         zero_norm = tmp_path / "zero-norm.safetensors"
         save_file({"model.norm.weight": torch.zeros_like(original["model.norm.weight"])},
                   zero_norm)
-        seconds = await engine.update_weights(str(zero_norm), 5)
-        assert seconds >= 0 and engine.policy_version == 5
+        times = await engine.update_weights(str(zero_norm), 5)
+        assert times.transfer_s > 0 and times.pause_s > 0 and engine.policy_version == 5
         out = (await engine.generate(PROMPTS[0], SamplingParams(max_tokens=4, seed=0)))[0]
         # A zero final norm makes every logit 0: the distribution is uniform over the vocab.
         uniform = -torch.log(torch.tensor(float(len(tokenizer)))).item()
@@ -242,3 +247,170 @@ async def test_a_failed_prefill_fails_only_its_own_request(engine):
     with pytest.raises(RuntimeError, match="prefill failed"):
         await engine.generate([10**9], greedy(3))  # not in the vocabulary: the forward fails
     assert len((await running)[0].token_ids) == 60
+
+
+async def test_kv_memory_stays_within_its_budget_and_requests_past_it_wait(tiny):
+    """Stops: a running batch or prefix cache that grows past `kv_cache_mb` (the server's RSS
+    climbing with load). The budget fits three rows of 40 + 24 tokens beside one prompt. Requests
+    run one at a time first fill the prefix cache to the budget; then twelve at once ask for
+    more than it holds. Every request completes (the rest waited), the KV held after any step,
+    measured from the buffers themselves, stays within the budget (the cache made room for the
+    batch), and the cache still serves a follow-up turn."""
+    model, tokenizer = tiny
+    token_bytes = kv_bytes_per_token(model, torch.device("cpu"))
+    prompt_len, sampled = 40, 24
+    budget_tokens = 3 * (prompt_len + sampled) + prompt_len
+    engine = Engine(model, tokenizer, max_batch_size=8, prefix_cache_tokens=100_000,
+                    kv_cache_mb=budget_tokens * token_bytes / 2**20)
+    engine.start()
+    try:
+        prompts = [list(range(100 + 50 * i, 100 + 50 * i + prompt_len)) for i in range(12)]
+        for prompt in prompts[:6]:
+            await engine.generate(prompt, greedy(sampled))
+        filled = engine.stats().kv_used_bytes  # nothing runs: all of it is the prefix cache
+        lengths = [sampled - 8 * (i % 3) for i in range(12)]  # rows finish at different steps
+        firsts = await asyncio.gather(*[engine.generate(p, greedy(n))
+                                        for p, n in zip(prompts, lengths, strict=True)])
+        (again,) = await engine.generate(prompts[0], greedy(sampled))
+        (second,) = await engine.generate(prompts[0] + list(again.token_ids) + [7, 8], greedy(4))
+        stats = engine.stats()
+        with pytest.raises(KVBudgetExceeded, match="KV cache"):
+            await engine.generate(list(range(100, 100 + budget_tokens)), greedy(8))
+    finally:
+        engine.close()
+    assert [len(o[0].token_ids) for o in firsts] == lengths
+    assert stats.kv_peak_bytes <= stats.kv_budget_bytes == budget_tokens * token_bytes
+    assert filled >= 2 * (prompt_len + sampled - 1) * token_bytes  # the cache used its room
+    assert stats.kv_peak_bytes > 2 * prompt_len * token_bytes  # rows did run side by side
+    assert second.cached_prompt_tokens == prompt_len + sampled - 1
+
+
+def test_a_grown_or_rebuilt_batch_never_passes_its_rows_reach():
+    """The batch's buffers keep spare room for decoding, but never past max_length tokens a
+    row; joining a prefill and selecting rows keep every row's tokens where the mask says."""
+    one = DynamicCache()
+    keys = torch.arange(2 * 5 * 3, dtype=torch.float32).reshape(1, 2, 5, 3)
+    one.update(keys, keys + 0.5, 0)
+    batch = KVBatch.from_prefill(one, rows=2, max_length=9)
+    other = DynamicCache()
+    other.update(keys[:, :, :3], keys[:, :, :3] + 0.5, 0)
+    batch.add_prefill(other, rows=1, max_length=9)
+    assert batch.mask.tolist() == [[1] * 5, [1] * 5, [0, 0, 1, 1, 1]]
+    layer = batch.cache.layers[0]
+    assert torch.equal(layer.keys[2, :, 2:], keys[0, :, :3])
+    assert torch.equal(layer.keys[2, :, :2], torch.zeros(2, 2, 3))
+    for _ in range(4):  # decode to the rows' reach: the buffer grows only up to it
+        step = torch.ones(3, 2, 1, 3)
+        layer.update(step, step)
+        batch.append_mask_column()
+    assert layer.keys.shape[2] == 9 and batch.nbytes == 2 * 3 * 2 * 9 * 3 * 4
+    batch.select([2], max_length=9)
+    assert batch.mask.tolist() == [[1] * 7]  # the padding no kept row needs is cut
+    assert torch.equal(batch.cache.layers[0].keys[0, :, :3], keys[0, :, :3])
+
+
+async def test_a_row_growing_into_the_prefix_caches_room_evicts_it_first(tiny):
+    """Stops: a decode step that grows the batch's buffers while the prefix cache still holds
+    the room it grows into (over the budget, though admission said the row fits)."""
+    model, tokenizer = tiny
+    token_bytes = kv_bytes_per_token(model, torch.device("cpu"))
+    budget_tokens = 200
+    engine = Engine(model, tokenizer, prefix_cache_tokens=100_000,
+                    kv_cache_mb=budget_tokens * token_bytes / 2**20)
+    engine.start()
+    try:
+        for i in range(5):  # short rows, sequentially: the cache fills up
+            await engine.generate(list(range(100 + 30 * i, 120 + 30 * i)), greedy(20))
+        filled = engine.stats().kv_used_bytes
+        (long,) = await engine.generate(list(range(900, 920)), greedy(150))  # reach 170
+        stats = engine.stats()
+    finally:
+        engine.close()
+    assert len(long.token_ids) == 150
+    assert filled > (budget_tokens - 170) * token_bytes  # the long row had to take cache room
+    assert stats.kv_peak_bytes <= stats.kv_budget_bytes
+
+
+def test_selecting_rows_never_gives_a_row_more_room_than_it_had():
+    """Fewer rows must hold fewer token slots: the retiring step made room for the batch as it
+    was, not for kept rows rebuilt with the more spare room a longer row would get anew."""
+    one = DynamicCache()
+    one.update(torch.zeros(1, 1, 5, 2), torch.zeros(1, 1, 5, 2), 0)
+    batch = KVBatch.from_prefill(one, rows=3, max_length=100)
+    for _ in range(35):  # 40 columns: within the 64 slots made at 5, short of the 80 a new one gets
+        batch.cache.layers[0].update(torch.ones(3, 1, 1, 2), torch.ones(3, 1, 1, 2))
+        batch.append_mask_column()
+    before = batch.held_tokens()
+    batch.select([0, 1], max_length=100)
+    assert batch.held_tokens() == 2 * 64 < before
+
+
+async def test_deltas_land_on_the_weights_they_were_computed_against(tiny, tmp_path):
+    """Stops: a delta update staged into the back buffers as they were two versions ago (the
+    swap leaves the previous weights there). A full update, then deltas of one tensor, of two
+    rows of another, and of the first again: the served weights are all four applied in
+    order."""
+    model, tokenizer = tiny
+    original = {k: v.clone() for k, v in model.state_dict().items()}
+    engine = Engine(model, tokenizer, prefix_cache_tokens=0)
+    engine.start()
+    try:
+        expected = {k: v + 0.01 for k, v in original.items()}
+        save_file({k: v.contiguous() for k, v in expected.items()
+                   if k != "lm_head.weight"}, tmp_path / "v1.safetensors")  # tied: one tensor
+        await engine.update_weights(str(tmp_path / "v1.safetensors"), 1)
+        expected["model.norm.weight"] = torch.full_like(expected["model.norm.weight"], 0.5)
+        save_file({"model.norm.weight": expected["model.norm.weight"]}, tmp_path / "v2.safetensors")
+        await engine.update_weights(str(tmp_path / "v2.safetensors"), 2,
+                                    ChangedWeights(1, {"model.norm.weight": None}))
+        embed = expected["model.embed_tokens.weight"].clone()
+        embed[3:5] = -1.0
+        expected["model.embed_tokens.weight"] = embed
+        save_file({"model.embed_tokens.weight": embed}, tmp_path / "v3.safetensors")
+        await engine.update_weights(str(tmp_path / "v3.safetensors"), 3,
+                                    ChangedWeights(2, {"model.embed_tokens.weight": (3, 4)}))
+        expected["model.norm.weight"] = torch.full_like(expected["model.norm.weight"], 0.25)
+        save_file({"model.norm.weight": expected["model.norm.weight"]}, tmp_path / "v4.safetensors")
+        await engine.update_weights(str(tmp_path / "v4.safetensors"), 4,
+                                    ChangedWeights(3, {"model.norm.weight": None}))
+        served = model.state_dict()
+        assert all(torch.equal(served[k], expected[k]) for k in expected if k != "lm_head.weight")
+    finally:
+        engine.close()
+        model.load_state_dict(original)
+
+
+async def test_decoding_goes_on_while_an_update_is_staged(tiny, tmp_path, monkeypatch):
+    """Stops: an update that holds the engine (the sampler paused for the whole transfer).
+    Staging is slowed to half a second; tokens keep coming meanwhile, and the running row's
+    tokens switch version at one step boundary."""
+    model, tokenizer = tiny
+    original = {k: v.clone() for k, v in model.state_dict().items()}
+    engine = Engine(model, tokenizer, prefix_cache_tokens=0)
+    engine.start()
+    slow_load = engine._weights.load
+
+    def load(*args, **kwargs):
+        time.sleep(0.5)
+        return slow_load(*args, **kwargs)
+
+    monkeypatch.setattr(engine._weights, "load", load)
+    try:
+        path = tmp_path / "norm.safetensors"
+        save_file({"model.norm.weight": original["model.norm.weight"] * 2}, path)
+        running = asyncio.create_task(engine.generate(PROMPTS[0], greedy(400)))
+        while engine.stats().generation_tokens_total < 5:
+            await asyncio.sleep(0.01)
+        updating = asyncio.create_task(engine.update_weights(str(path), 7))
+        await asyncio.sleep(0.05)
+        during = engine.stats().generation_tokens_total
+        times = await updating
+        after = engine.stats().generation_tokens_total
+        (out,) = await running
+    finally:
+        engine.close()
+        model.load_state_dict(original)
+    assert after - during > 10, "no tokens while the update was staged"
+    assert times.transfer_s >= 0.5 > times.pause_s
+    switch = out.policy_versions.index(7)
+    assert set(out.policy_versions[:switch]) == {0} and set(out.policy_versions[switch:]) == {7}

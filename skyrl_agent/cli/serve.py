@@ -17,6 +17,9 @@ def serve(
         help="Name clients send as `model` (default: --model).")] = None,
     max_batch_size: Annotated[int, typer.Option(min=1, help="Most sequences decoded together.")]
         = 32,
+    kv_cache_mb: Annotated[float, typer.Option(
+        min=1, help="KV cache memory budget in MB (running batch + prefix cache); requests "
+                    "beyond it wait.")] = 1024,
     max_model_len: Annotated[int | None, typer.Option(min=16, help="Context length cap.")] = None,
     dtype: Annotated[str, typer.Option(help="Weights dtype: float32 or bfloat16.")] = "float32",
     api_key: Annotated[str | None, typer.Option(
@@ -35,7 +38,8 @@ def serve(
     """Serve a model over HTTP with vLLM's OpenAI-compatible API (the embedded CPU server)."""
     from skyrl_agent.inference.server.main import ServeOptions, run
     run(ServeOptions(model=model, host=host, port=port, served_model_name=served_model_name,
-                     max_batch_size=max_batch_size, max_model_len=max_model_len, dtype=dtype,
+                     max_batch_size=max_batch_size, kv_cache_mb=kv_cache_mb,
+                     max_model_len=max_model_len, dtype=dtype,
                      api_key=api_key or None,
                      weights_dirs=tuple(str(d) for d in weights_dir or ()),
                      max_sequences_per_request=max_sequences_per_request,

@@ -69,6 +69,7 @@ def embedded_servers(config: RunConfig, run_dir: Path) -> list[ServerProcess]:
 
     count = config.inference.num_servers
     return [embedded_server(config.inference.model, dtype=config.inference.dtype,
+                            kv_cache_mb=config.inference.kv_cache_mb,
                             log_path=RunDir(run_dir).server_log_of(i, count))
             for i in range(count)]
 

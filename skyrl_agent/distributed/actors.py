@@ -39,8 +39,10 @@ if TYPE_CHECKING:  # only the trainer actor's process needs torch
 class ServerActor:
     """One embedded model server, a subprocess of this actor (it dies with the actor)."""
 
-    def __init__(self, model: str, log_path: Path, dtype: str = "float32") -> None:
-        self.server: ServerProcess = embedded_server(model, log_path=log_path, dtype=dtype)
+    def __init__(self, model: str, log_path: Path, dtype: str = "float32",
+                 kv_cache_mb: float | None = None) -> None:
+        self.server: ServerProcess = embedded_server(model, log_path=log_path, dtype=dtype,
+                                                     kv_cache_mb=kv_cache_mb)
 
     def start(self) -> str:
         return self.server.start()

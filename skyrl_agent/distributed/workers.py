@@ -256,7 +256,7 @@ class _Actors:
             self.servers = [self.spawn(ServerActor, placed.server_cpus, here,
                                        config.inference.model,
                                        RunDir(run_dir).server_log_of(i, count),
-                                       config.inference.dtype)
+                                       config.inference.dtype, config.inference.kv_cache_mb)
                             for i in range(count)]
             try:
                 urls = list(await asyncio.gather(*[s.start.remote() for s in self.servers]))

@@ -100,6 +100,9 @@ class _Server:
     in_flight: int = 0
     policy_version: int = 0
     sessions: set[str] = field(default_factory=set)
+    swaps_live: bool | None = None
+    """Whether it stages weight updates beside decoding and swaps them in between two steps
+    (its model card says so); None until asked."""
 
 
 class InferenceClient:
@@ -265,10 +268,24 @@ class InferenceClient:
         body: dict[str, Any] = {"path": str(path), "version": version}
         if changed is not None:
             body["changed"] = changed.to_json()
-        replies = await self._fan_out("POST", "/update_weights", json=body)
+        replies = await asyncio.gather(*[self._update_one(s, body) for s in self.servers])
         for server in self.servers:
             server.policy_version = version
         return [float(r.get("seconds", 0.0)) for r in replies]
+
+    async def _update_one(self, server: _Server, body: dict[str, Any]) -> Any:
+        """One server's update: as it is where the server swaps weights live, else between a
+        pause(keep) and a resume (vLLM: its load must not run beside decoding)."""
+        if server.swaps_live is None:
+            cards = (await self._request(server, "GET", "/v1/models")).get("data") or []
+            server.swaps_live = bool(cards) and cards[0].get("weight_swap") == "live"
+        if server.swaps_live:
+            return await self._request(server, "POST", "/update_weights", json=body)
+        await self._request(server, "POST", "/pause", params={"mode": "keep"})
+        try:
+            return await self._request(server, "POST", "/update_weights", json=body)
+        finally:
+            await self._request(server, "POST", "/resume")
 
     async def max_model_len(self) -> int | None:
         """The smallest context length the servers report on /v1/models (None if unknown)."""

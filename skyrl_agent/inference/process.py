@@ -122,6 +122,13 @@ class ServerProcess:
         return self._process is not None and self._process.poll() is None
 
     @property
+    def pid(self) -> int:
+        """The server's process id (started servers only)."""
+        if self._process is None:
+            raise RuntimeError("the server was not started")
+        return self._process.pid
+
+    @property
     def returncode(self) -> int | None:
         """The exit status once the process ended (negative: killed by that signal)."""
         return None if self._process is None else self._process.poll()
@@ -164,7 +171,12 @@ def _healthy(url: str) -> bool:
         return False
 
 
+MALLOC_MMAP_THRESHOLD = 128 * 1024
+"""Bytes from which the embedded server's allocations are mapped (and unmapped when freed)."""
+
+
 def embedded_server(model: str = "smollm2-135m", *, max_batch_size: int = 32,
+                    kv_cache_mb: float | None = None,
                     max_model_len: int | None = None, served_model_name: str | None = None,
                     log_path: Path | None = None,
                     weights_dirs: Sequence[Path] = (), dtype: str = "float32") -> ServerProcess:
@@ -173,6 +185,8 @@ def embedded_server(model: str = "smollm2-135m", *, max_batch_size: int = 32,
     trainer's shared-memory files and from `weights_dirs`."""
     argv = [sys.executable, "-m", "skyrl_agent.inference.server", "--model", model,
             "--port", "0", "--max-batch-size", str(max_batch_size), "--dtype", dtype]
+    if kv_cache_mb is not None:
+        argv += ["--kv-cache-mb", str(kv_cache_mb)]
     if max_model_len:
         argv += ["--max-model-len", str(max_model_len)]
     if served_model_name:
@@ -182,4 +196,9 @@ def embedded_server(model: str = "smollm2-135m", *, max_batch_size: int = 32,
     key = new_key()
     env = {name: value for name, value in os.environ.items() if name != API_KEY_ENV}
     env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", CONTROL_KEY_ENV: key})
+    # glibc raises its mmap threshold after each large free, so later KV buffers come from the
+    # heap, whose freed memory stays resident: a fixed threshold hands it back (peak RSS under
+    # 64 sessions 3.5 GB -> 2.4 GB, benchmarks/server_memory.py).
+    env.setdefault("MALLOC_MMAP_THRESHOLD_", str(MALLOC_MMAP_THRESHOLD))
+    env.setdefault("MALLOC_TRIM_THRESHOLD_", str(MALLOC_MMAP_THRESHOLD))
     return ServerProcess(argv, env=env, log_path=log_path, api_key=key)

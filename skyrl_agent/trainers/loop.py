@@ -7,8 +7,9 @@ So a group admitted at version v is normally trained by step v + max_staleness. 
 the bound (a slow group overtaken by faster ones) is dropped and counted at batch time, never
 trained: staleness = the trainer's version - the oldest version among the group's tokens.
 
-After each step the weights go to every server between two decode steps (pause(keep) -> update
--> resume): running turns continue with the new weights and their tokens carry the new version.
+After each step the weights go to every server, which stages them beside decoding and swaps them
+in between two decode steps: running turns continue with the new weights and their tokens carry
+the new version.
 At max_staleness = 0 nothing is admitted until the new weights are published: this is the
 reference loop, step for step.
 """

@@ -4,7 +4,7 @@
         collect the step's groups with the current weights        (collector, sandboxes)
         advantages within each group, trajectories -> sequences   (batch.py, algorithms/)
         forward_backward with the policy loss, then optim_step    (the backend)
-        publish the new weights; pause(keep) -> update -> resume  (weight_sync, the server)
+        publish the new weights; staged, then swapped between two decode steps
 
 Step s takes groups s*B .. s*B + B - 1 of the task stream (stream.py; B = groups_per_step) and
 every one of its samples is drawn by policy version s, so nothing is stale. Trajectories go to the

@@ -37,14 +37,11 @@ class StepResult:
 
 
 async def publish(backend: TrainerBackend, servers: ServerControl, version: int) -> float:
-    """The backend's weights onto every server, between two of their decode steps; seconds."""
+    """The backend's weights onto every server, each serving them from one of its decode steps
+    on (sampling goes on meanwhile); seconds."""
     update = await asyncio.to_thread(backend.save_weights_for_sampler, version)
     started = time.perf_counter()
-    await servers.pause("keep")
-    try:
-        await servers.update_weights(str(update.path), update.version, update.changed)
-    finally:
-        await servers.resume()
+    await servers.update_weights(str(update.path), update.version, update.changed)
     return update.seconds + time.perf_counter() - started
 
 

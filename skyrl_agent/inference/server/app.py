@@ -17,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 from skyrl_agent.inference.auth import key_matches, presented_key, unauthorized
 from skyrl_agent.inference.server import render
 from skyrl_agent.inference.server.engine import Engine
+from skyrl_agent.inference.server.kv_budget import KVBudgetExceeded
 from skyrl_agent.inference.server.metrics import ServerMetrics
 from skyrl_agent.inference.server.protocol import (
     ChatCompletionRequest,
@@ -95,7 +96,7 @@ class EmbeddedServer:
         route_name = route.canonical if route is not None else "unmatched"
         try:
             response = await handler(request)
-        except (BadRequest, WeightUpdateError) as exc:
+        except (BadRequest, WeightUpdateError, KVBudgetExceeded) as exc:
             response = _error(400, str(exc))
         except ValidationError as exc:
             response = _error(400, _validation_message(exc))
@@ -236,8 +237,10 @@ class EmbeddedServer:
         changed = None if body.changed is None else ChangedWeights(
             body.changed.since_version,
             {k: None if v is None else tuple(v) for k, v in body.changed.rows.items()})
-        seconds = await self.engine.update_weights(body.path, body.version, changed)
-        return web.json_response({"policy_version": body.version, "seconds": seconds})
+        times = await self.engine.update_weights(body.path, body.version, changed)
+        return web.json_response({"policy_version": body.version,
+                                  "seconds": times.transfer_s + times.pause_s,
+                                  "pause_seconds": times.pause_s})
 
     # ---- status --------------------------------------------------------------------------------
 
@@ -247,6 +250,7 @@ class EmbeddedServer:
     async def models(self, request: web.Request) -> web.Response:
         card = {"id": self.model_name, "object": "model", "owned_by": "skyrl-agent",
                 "max_model_len": self.engine.max_model_len,
+                "weight_swap": "live",  # update_weights needs no pause: see weight_swap.py
                 "policy_version": self.engine.policy_version}
         return web.json_response({"object": "list", "data": [card]})
 

@@ -1,12 +1,15 @@
 """The generation engine: one thread that owns the model and runs continuous batching.
 
-Every model forward, weight copy and batch change happens on the engine thread, between decode
+Every model forward, weight swap and batch change happens on the engine thread, between decode
 steps, so there are no locks around the model. The asyncio side talks to it through an inbox of
 callables and gets answers through futures.
 
 Each loop iteration admits at most one waiting request (prefill, reusing a cached prefix when one
 matches) into the running batch, then decodes one token for every running row. Pausing with
 `keep` simply stops iterating: the rows and their KV cache stay where they are.
+
+KV memory (running batch + prefix cache) stays within `kv_cache_mb`: see kv_budget.py. Weight
+updates are staged beside decoding and swapped in between two steps: see weight_swap.py.
 """
 
 from __future__ import annotations
@@ -26,50 +29,17 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from skyrl_agent.inference.routers import RoutingTap
-from skyrl_agent.inference.server.kv import KVBatch
+from skyrl_agent.inference.server.kv import KVBatch, capacity_for
+from skyrl_agent.inference.server.kv_budget import KVBudget
+from skyrl_agent.inference.server.outputs import EngineStats, SequenceOutput, WeightUpdateTimes
 from skyrl_agent.inference.server.prefix_cache import PrefixCache
 from skyrl_agent.inference.server.sampling import Choice, SamplingParams, choose, make_generator
+from skyrl_agent.inference.server.weight_swap import DoubleBufferedWeights
 from skyrl_agent.inference.server.weights import WeightLoader
 from skyrl_agent.types import ChangedWeights
 
 log = logging.getLogger(__name__)
 PauseMode = Literal["keep", "wait", "abort"]
-
-
-@dataclass(frozen=True)
-class SequenceOutput:
-    """One finished sample."""
-
-    token_ids: tuple[int, ...]
-    logprobs: tuple[float, ...]
-    top_logprobs: tuple[tuple[tuple[int, float], ...], ...]
-    """Per token, the requested number of (id, logprob) alternatives (empty tuples if none)."""
-    policy_versions: tuple[int, ...]
-    """Per token, the weight version that sampled it."""
-    finish_reason: Literal["stop", "length", "abort"]
-    text: str
-    """Decoded text without special tokens, cut before a matched stop string."""
-    cached_prompt_tokens: int
-    """Prompt tokens whose KV came from the prefix cache."""
-    routed_experts: np.ndarray | None = None
-    """MoE models: [tokens, layers, top_k] experts chosen for every position the model ran on
-    (the prompt, then every sampled token but the last)."""
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    """A snapshot for /metrics."""
-
-    requests_total: int
-    prompt_tokens_total: int
-    generation_tokens_total: int
-    cached_prompt_tokens_total: int
-    running: int
-    waiting: int
-    paused: bool
-    policy_version: int
-    tokens_per_second: float
-    """Generated tokens per second over the last 10 s."""
 
 
 @dataclass
@@ -79,6 +49,8 @@ class _Request:
     n: int
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[list[SequenceOutput]]
+    max_length: int
+    """The most tokens (prompt + sampled) a row of this request can reach."""
     outputs: list[SequenceOutput | None] = field(default_factory=list)
     cached_tokens: int = 0
     prompt_routing: np.ndarray | None = None
@@ -108,7 +80,8 @@ class Engine:
 
     def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int = 32,
                  max_model_len: int | None = None, prefix_cache_tokens: int = 32768,
-                 policy_version: int = 0, weights: WeightLoader | None = None) -> None:
+                 kv_cache_mb: float = 1024, policy_version: int = 0,
+                 weights: WeightLoader | None = None) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
@@ -117,7 +90,10 @@ class Engine:
         self.eos_ids = _eos_ids(model, tokenizer)
         self.device = next(model.parameters()).device
         self._prefix = PrefixCache(prefix_cache_tokens)
+        self.kv = KVBudget(self.model, self.device, kv_cache_mb, self._prefix)
         self._weights = weights or WeightLoader()
+        self._buffers = DoubleBufferedWeights(self.model, self._weights)
+        self._updating = asyncio.Lock()  # one update stages into the back buffers at a time
         self._tap = RoutingTap(model)
         self._inbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -154,7 +130,9 @@ class Engine:
                        n: int = 1) -> list[SequenceOutput]:
         """Sample `n` completions of `prompt_ids`; queued while the engine is paused."""
         loop = asyncio.get_running_loop()
-        request = _Request(list(prompt_ids), params, n, loop, loop.create_future())
+        max_length = min(len(prompt_ids) + params.max_tokens, self.max_model_len)
+        request = _Request(list(prompt_ids), params, n, loop, loop.create_future(), max_length)
+        self.kv.check_alone(n, max_length, len(prompt_ids))
         request.outputs = [None] * n
         self._post(lambda: self._waiting.append(request))
         try:
@@ -174,17 +152,27 @@ class Engine:
         await self._call(self._resume)
 
     async def update_weights(self, path: str, version: int,
-                             changed: ChangedWeights | None = None) -> float:
-        """Copy weights from a safetensors file at a step boundary (only `changed`, when this
-        engine holds its `since_version`); returns seconds taken."""
-        return await self._call(lambda: self._update_weights(path, version, changed))
+                             changed: ChangedWeights | None = None) -> WeightUpdateTimes:
+        """Load weights from a safetensors file (only `changed`, when this engine holds its
+        `since_version`) into the back buffers while decoding goes on, then serve them from
+        the next decode step on."""
+        async with self._updating:
+            started = time.perf_counter()
+            if changed is not None and changed.since_version != self.policy_version:
+                changed = None  # this engine missed an update: take everything
+            await asyncio.to_thread(self._buffers.stage, path,
+                                    None if changed is None else changed.rows)
+            staged = time.perf_counter()
+            pause_s = await self._call(lambda: self._swap_weights(version))
+            return WeightUpdateTimes(staged - started, pause_s)
 
     def stats(self) -> EngineStats:
         now = time.monotonic()
         recent = sum(n for t, n in list(self._recent) if now - t <= 10.0)
         return EngineStats(self._counts["requests"], self._counts["prompt"],
                            self._counts["generated"], self._counts["cached"], len(self._rows),
-                           len(self._waiting), self._paused, self.policy_version, recent / 10.0)
+                           len(self._waiting), self._paused, self.policy_version, recent / 10.0,
+                           self.kv.bytes, self.kv.used_bytes(self._batch), self.kv.peak_bytes)
 
     def _post(self, command: Callable[[], None]) -> None:
         self._inbox.put(command)
@@ -228,6 +216,7 @@ class Engine:
             except Exception as exc:
                 log.exception("engine step failed")
                 self._fail_running(exc)
+            self.kv.note(self._batch)
             if not busy:
                 self._wake.wait(timeout=1.0)
                 self._wake.clear()
@@ -235,7 +224,25 @@ class Engine:
     def _can_admit(self) -> bool:
         if self._paused or self._draining or not self._waiting:
             return False
-        return not self._rows or len(self._rows) + self._waiting[0].n <= self.max_batch_size
+        request = self._waiting[0]
+        if self._rows and len(self._rows) + request.n > self.max_batch_size:
+            return False
+        return self.kv.admits(self._reserved_with(request), len(request.prompt_ids))
+
+    def _reserved(self, rows: int, max_length: int) -> int:
+        """KV tokens the batch may come to hold: every row padded to the longest's reach."""
+        return rows * max(max_length, max((r.request.max_length for r in self._rows), default=0))
+
+    def _reserved_with(self, request: _Request) -> int:
+        return self._reserved(len(self._rows) + request.n, request.max_length)
+
+    def _batch_tokens_with(self, request: _Request, max_length: int) -> int:
+        """Token slots of the batch during and after `request` joins it."""
+        if self._batch is None:
+            return request.n * capacity_for(len(request.prompt_ids), max_length)
+        width = max(self._batch.width, len(request.prompt_ids))
+        joined = (self._batch.rows + request.n) * capacity_for(width, max_length)
+        return max(self._batch.held_tokens(), joined)
 
     def _admit(self, request: _Request) -> None:
         rows_before = len(self._rows)
@@ -250,6 +257,8 @@ class Engine:
 
     def _prefill(self, request: _Request) -> None:
         prompt = request.prompt_ids
+        max_length = max([request.max_length, *(r.request.max_length for r in self._rows)])
+        self.kv.make_room(self._batch_tokens_with(request, max_length), beside=len(prompt))
         cached, layers, cached_routing = self._prefix.lookup(prompt)
         cache = DynamicCache(ddp_cache_data=layers) if layers else DynamicCache()
         self._tap.discard()
@@ -267,8 +276,11 @@ class Engine:
         seed = request.params.seed
         rows = [_Row(request, i, make_generator(None if seed is None else seed + i))
                 for i in range(request.n)]
-        batch = KVBatch.from_cache(out.cache, request.n)
-        self._batch = batch if self._batch is None else self._batch.merge(batch)
+        if self._batch is None:
+            self._batch = KVBatch.from_prefill(out.cache, request.n, max_length)
+        else:
+            self._batch.add_prefill(out.cache, request.n, max_length)
+        self.kv.note(self._batch, beside_tokens=len(prompt))  # the prefill's own KV
         self._rows.extend(rows)
         logits = out.logits[:, -1].expand(request.n, -1)
         self._append(rows, choose(logits, [request.params] * request.n,
@@ -280,6 +292,7 @@ class Engine:
         last = torch.tensor([[r.tokens[-1]] for r in rows], device=self.device)
         positions = torch.tensor([[len(r.request.prompt_ids) + len(r.tokens) - 1] for r in rows],
                                  device=self.device)
+        self.kv.make_room(self._batch.held_tokens(self._batch.width + 1))  # the step may grow it
         mask = self._batch.append_mask_column()
         self._tap.discard()
         out = self.model(input_ids=last, attention_mask=mask, position_ids=positions,
@@ -332,16 +345,22 @@ class Engine:
         if not done:
             return
         assert self._batch is not None
+        held = self._batch.held_tokens()
         for i in done:
             row = self._rows[i]
             routing = row.routed_experts()  # joined once, for the cache and the answer
-            if row.finish != "abort":
-                known = row.request.prompt_ids + row.tokens[:-1]  # the last token has no KV yet
+            known = row.request.prompt_ids + row.tokens[:-1]  # the last token has no KV yet
+            if row.finish != "abort" and held + len(known) <= self.kv.tokens:
+                self.kv.make_room(held, beside=len(known))  # the copy must fit beside the batch
                 self._prefix.store(known, self._batch.row(i, len(known)), routing)
             self._finish_row(row, routing)
+        self.kv.note(self._batch)  # the finished rows' copies are in the cache, not yet cut
         keep = [i for i, r in enumerate(self._rows) if r.finish is None]
         self._rows = [self._rows[i] for i in keep]
-        self._batch = self._batch.select(keep) if keep else None
+        if not keep:
+            self._batch = None
+            return
+        self._batch.select(keep, max(r.request.max_length for r in self._rows))
 
     def _finish_row(self, row: _Row, routing: np.ndarray | None) -> None:
         assert row.finish is not None
@@ -391,11 +410,9 @@ class Engine:
     def _resume(self) -> None:
         self._paused = self._draining = False
 
-    def _update_weights(self, path: str, version: int, changed: ChangedWeights | None) -> float:
+    def _swap_weights(self, version: int) -> float:
         started = time.perf_counter()
-        if changed is not None and changed.since_version != self.policy_version:
-            changed = None  # this engine missed an update: take everything
-        self._weights.load(self.model, path, None if changed is None else changed.rows)
+        self._buffers.swap()
         self.policy_version = version
         self._prefix.clear()  # cached KV was computed by the old weights
         return time.perf_counter() - started

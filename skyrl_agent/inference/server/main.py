@@ -34,6 +34,8 @@ class ServeOptions:
     served_model_name: str | None = None
     """The name clients send as `model`; defaults to `model` (or the folder name)."""
     max_batch_size: int = 32
+    kv_cache_mb: float = 1024
+    """KV memory budget: the running batch and the prefix cache together."""
     max_model_len: int | None = None
     """Context length; defaults to the model's."""
     dtype: str = "float32"
@@ -79,7 +81,8 @@ def load_engine(options: ServeOptions):
         raise ConfigError(f"max_model_len {options.max_model_len} exceeds the model's "
                           f"{model.config.max_position_embeddings}")
     engine = Engine(model, tokenizer, max_batch_size=options.max_batch_size,
-                    max_model_len=options.max_model_len, policy_version=options.policy_version,
+                    max_model_len=options.max_model_len, kv_cache_mb=options.kv_cache_mb,
+                    policy_version=options.policy_version,
                     weights=WeightLoader(WeightsFolders.with_extra(options.weights_dirs)))
     return engine, tokenizer
 

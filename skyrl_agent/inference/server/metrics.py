@@ -34,6 +34,11 @@ class _EngineCollector:
             "policy_version": ("Version of the served weights", s.policy_version),
             "tokens_per_second": ("Generated tokens per second over the last 10 s",
                                   s.tokens_per_second),
+            "kv_cache_budget_bytes": ("KV cache budget", s.kv_budget_bytes),
+            "kv_cache_used_bytes": ("KV cache held now (running batch + prefix cache)",
+                                    s.kv_used_bytes),
+            "kv_cache_peak_bytes": ("Most KV cache held after any engine step",
+                                    s.kv_peak_bytes),
         }
         for name, (doc, value) in gauges.items():
             yield GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=value)

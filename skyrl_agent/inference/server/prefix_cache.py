@@ -23,7 +23,7 @@ class PrefixCache:
         self.min_match = min_match
         self._entries: OrderedDict[tuple[int, ...], tuple[list[KV], np.ndarray | None]] = \
             OrderedDict()
-        self._tokens = 0
+        self._tokens = self._bytes = 0
 
     def lookup(self, prompt_ids: list[int],
                ) -> tuple[int, list[KV] | None, np.ndarray | None]:
@@ -52,17 +52,37 @@ class PrefixCache:
             self._drop(old)
         self._entries[key] = (layers, routing)
         self._tokens += len(key)
-        while self._tokens > self.max_tokens:
+        self._bytes += _nbytes(layers)
+        self.shrink_to(self.max_tokens)
+
+    @property
+    def tokens(self) -> int:
+        """Tokens held in all entries."""
+        return self._tokens
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the cached keys and values."""
+        return self._bytes
+
+    def shrink_to(self, tokens: int) -> None:
+        """Drop least recently used entries until at most `tokens` tokens are held."""
+        while self._entries and self._tokens > tokens:
             self._drop(next(iter(self._entries)))
 
     def clear(self) -> None:
         """Forget everything (after a weight update the cached KV is stale)."""
         self._entries.clear()
-        self._tokens = 0
+        self._tokens = self._bytes = 0
 
     def _drop(self, key: tuple[int, ...]) -> None:
-        del self._entries[key]
+        layers, _ = self._entries.pop(key)
         self._tokens -= len(key)
+        self._bytes -= _nbytes(layers)
+
+
+def _nbytes(layers: list[KV]) -> int:
+    return sum(k.nbytes + v.nbytes for k, v in layers)
 
 
 def _shared_prefix_len(a: tuple[int, ...], b: list[int]) -> int:

@@ -6,7 +6,7 @@ import time
 import uuid
 from typing import Any
 
-from skyrl_agent.inference.server.engine import SequenceOutput
+from skyrl_agent.inference.server.outputs import SequenceOutput
 from skyrl_agent.types import RoutedExperts
 
 

@@ -42,7 +42,7 @@ def _read_header(mapped: mmap.mmap, name: str) -> tuple[int, dict[str, Any]]:
     return 8 + length, header
 
 
-def _check(header: dict[str, Any], params: dict[str, torch.Tensor], name: str,
+def _check(header: dict[str, Any], params: Mapping[str, torch.Tensor], name: str,
            data_start: int, size: int) -> None:
     unknown = sorted(set(header) - set(params))
     if unknown:
@@ -77,10 +77,11 @@ class WeightLoader:
         self._key: tuple[str, int, int, int] | None = None
         self._mapped: mmap.mmap | None = None
 
-    def load(self, model: Any, path: str | Path,
+    def load(self, params: Mapping[str, torch.Tensor], path: str | Path,
              rows: Mapping[str, tuple[int, ...] | None] | None = None) -> int:
-        """Copy the tensors in `path` into `model` in place; with `rows`, only the tensors it
-        names (only their listed rows where it lists any). Returns how many were copied."""
+        """Copy the tensors in `path` into `params` (a model's state dict, or buffers shaped
+        like it) in place; with `rows`, only the tensors it names (only their listed rows where
+        it lists any). Returns how many were copied."""
         path = Path(path)
         fd = self.folders.open(path) if self.folders else _open_plain(path)
         try:
@@ -94,7 +95,7 @@ class WeightLoader:
                 self._key = key
         finally:
             os.close(fd)
-        return _copy_into(model, self._mapped, path.name, rows)
+        return _copy_into(params, self._mapped, path.name, rows)
 
     def close(self) -> None:
         if self._mapped is not None:
@@ -114,7 +115,7 @@ def _runs(rows: tuple[int, ...]) -> list[tuple[int, int]]:
 
 
 def _check_rows(rows: Mapping[str, tuple[int, ...] | None], header: dict[str, Any],
-                params: dict[str, torch.Tensor], name: str) -> None:
+                params: Mapping[str, torch.Tensor], name: str) -> None:
     for key, picked in rows.items():
         if key not in header:
             raise WeightUpdateError(f"{name}: changed tensor {key} is not in the file")
@@ -127,7 +128,7 @@ def load_weights(model: Any, path: str | Path) -> int:
     """Copy the tensors in `path` into `model` in place, once; returns how many were copied."""
     loader = WeightLoader()
     try:
-        return loader.load(model, path)
+        return loader.load(model.state_dict(keep_vars=True), path)
     finally:
         loader.close()
 
@@ -146,9 +147,8 @@ def _map(fd: int, name: str) -> mmap.mmap:
         raise WeightUpdateError(f"cannot read {name} as safetensors: empty file") from None
 
 
-def _copy_into(model: Any, mapped: mmap.mmap, name: str,
+def _copy_into(params: Mapping[str, torch.Tensor], mapped: mmap.mmap, name: str,
                rows: Mapping[str, tuple[int, ...] | None] | None = None) -> int:
-    params = model.state_dict(keep_vars=True)
     data_start, header = _read_header(mapped, name)
     _check(header, params, name, data_start, len(mapped))
     if rows is not None:
