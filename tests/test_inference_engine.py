@@ -414,3 +414,30 @@ async def test_decoding_goes_on_while_an_update_is_staged(tiny, tmp_path, monkey
     assert times.transfer_s >= 0.5 > times.pause_s
     switch = out.policy_versions.index(7)
     assert set(out.policy_versions[:switch]) == {0} and set(out.policy_versions[switch:]) == {7}
+
+
+async def test_samples_of_one_request_join_in_parts_when_the_budget_cannot_take_them_all(tiny):
+    """Stops: a request for n samples refused (or held forever) because n rows at once pass the
+    KV budget though one fits. Five samples under a budget of two rows come back, each the
+    same as an unbounded engine samples with the same seed, and the budget holds."""
+    model, tokenizer = tiny
+    token_bytes = kv_bytes_per_token(model, torch.device("cpu"))
+    prompt = PROMPTS[2]
+    params = SamplingParams(max_tokens=16, temperature=1.0, seed=21, ignore_eos=True)
+    reach = len(prompt) + params.max_tokens
+    small = Engine(model, tokenizer, prefix_cache_tokens=0,
+                   kv_cache_mb=(2 * reach + len(prompt)) * token_bytes / 2**20)
+    large = Engine(model, tokenizer, prefix_cache_tokens=0)
+    for engine in (small, large):
+        engine.start()
+    try:
+        parts = await small.generate(prompt, params, n=5)
+        whole = await large.generate(prompt, params, n=5)
+        stats = small.stats()
+    finally:
+        for engine in (small, large):
+            engine.close()
+    assert [o.token_ids for o in parts] == [o.token_ids for o in whole]
+    assert max(abs(a - b) for p, w in zip(parts, whole, strict=True)
+               for a, b in zip(p.logprobs, w.logprobs, strict=True)) < 1e-4
+    assert stats.kv_peak_bytes <= stats.kv_budget_bytes and stats.requests_total == 1

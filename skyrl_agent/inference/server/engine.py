@@ -51,6 +51,8 @@ class _Request:
     future: asyncio.Future[list[SequenceOutput]]
     max_length: int
     """The most tokens (prompt + sampled) a row of this request can reach."""
+    admitted: int = 0
+    """Rows already in the batch (or done): the first `admitted` of its `n`."""
     outputs: list[SequenceOutput | None] = field(default_factory=list)
     cached_tokens: int = 0
     prompt_routing: np.ndarray | None = None
@@ -132,7 +134,7 @@ class Engine:
         loop = asyncio.get_running_loop()
         max_length = min(len(prompt_ids) + params.max_tokens, self.max_model_len)
         request = _Request(list(prompt_ids), params, n, loop, loop.create_future(), max_length)
-        self.kv.check_alone(n, max_length, len(prompt_ids))
+        self.kv.check_alone(max_length, len(prompt_ids))
         request.outputs = [None] * n
         self._post(lambda: self._waiting.append(request))
         try:
@@ -207,9 +209,10 @@ class Engine:
                 self._enter_pause()
             busy = False
             try:
-                if self._can_admit():
+                rows = self._admissible_rows()
+                if rows:
                     busy = True
-                    self._admit(self._waiting.popleft())
+                    self._admit(self._waiting[0], rows)
                 if self._rows and not self._paused:
                     self._decode()
                     busy = True
@@ -221,44 +224,50 @@ class Engine:
                 self._wake.wait(timeout=1.0)
                 self._wake.clear()
 
-    def _can_admit(self) -> bool:
+    def _admissible_rows(self) -> int:
+        """How many rows of the first waiting request may join the batch now (0: none). The
+        `n` samples of one request join in parts when the KV budget cannot take them at once."""
         if self._paused or self._draining or not self._waiting:
-            return False
+            return 0
         request = self._waiting[0]
-        if self._rows and len(self._rows) + request.n > self.max_batch_size:
-            return False
-        return self.kv.admits(self._reserved_with(request), len(request.prompt_ids))
+        rows = request.n - request.admitted
+        if self._rows:
+            rows = min(rows, self.max_batch_size - len(self._rows))
+        # Every row is reserved at the longest reach in the batch (rows are padded to it).
+        reach = max([request.max_length, *(r.request.max_length for r in self._rows)])
+        fits = (self.kv.tokens - len(request.prompt_ids)) // reach - len(self._rows)
+        return max(0, min(rows, fits))
 
-    def _reserved(self, rows: int, max_length: int) -> int:
-        """KV tokens the batch may come to hold: every row padded to the longest's reach."""
-        return rows * max(max_length, max((r.request.max_length for r in self._rows), default=0))
-
-    def _reserved_with(self, request: _Request) -> int:
-        return self._reserved(len(self._rows) + request.n, request.max_length)
-
-    def _batch_tokens_with(self, request: _Request, max_length: int) -> int:
-        """Token slots of the batch during and after `request` joins it."""
+    def _batch_tokens_with(self, request: _Request, rows: int, max_length: int) -> int:
+        """Token slots of the batch during and after `rows` rows of `request` join it."""
         if self._batch is None:
-            return request.n * capacity_for(len(request.prompt_ids), max_length)
+            return rows * capacity_for(len(request.prompt_ids), max_length)
         width = max(self._batch.width, len(request.prompt_ids))
-        joined = (self._batch.rows + request.n) * capacity_for(width, max_length)
+        joined = (self._batch.rows + rows) * capacity_for(width, max_length)
         return max(self._batch.held_tokens(), joined)
 
-    def _admit(self, request: _Request) -> None:
+    def _admit(self, request: _Request, rows: int) -> None:
+        first = request.admitted
+        request.admitted += rows
+        if request.admitted == request.n:
+            self._waiting.popleft()
         rows_before = len(self._rows)
         try:
-            self._prefill(request)
+            self._prefill(request, first, rows)
         except Exception as exc:
             log.exception("prefill failed")
+            if request in self._waiting:  # rows of it still waiting: they go too
+                self._waiting.remove(request)
             _resolve(request.loop, request.future, exc=RuntimeError(f"prefill failed: {exc}"))
             if len(self._rows) != rows_before:
                 raise  # the batch changed under the failure: _run fails the running rows
             # Otherwise only this request failed (e.g. out of memory on a long prompt).
 
-    def _prefill(self, request: _Request) -> None:
+    def _prefill(self, request: _Request, first: int, count: int) -> None:
+        """Prefill the prompt once for rows first .. first + count - 1 of the request."""
         prompt = request.prompt_ids
         max_length = max([request.max_length, *(r.request.max_length for r in self._rows)])
-        self.kv.make_room(self._batch_tokens_with(request, max_length), beside=len(prompt))
+        self.kv.make_room(self._batch_tokens_with(request, count, max_length), beside=len(prompt))
         cached, layers, cached_routing = self._prefix.lookup(prompt)
         cache = DynamicCache(ddp_cache_data=layers) if layers else DynamicCache()
         self._tap.discard()
@@ -270,20 +279,20 @@ class Engine:
             new = self._tap.take()
             request.prompt_routing = new if cached_routing is None \
                 else np.concatenate([cached_routing, new])
-        self._counts["requests"] += 1
+        self._counts["requests"] += first == 0
         self._counts["prompt"] += len(prompt)
         self._counts["cached"] += cached
         seed = request.params.seed
         rows = [_Row(request, i, make_generator(None if seed is None else seed + i))
-                for i in range(request.n)]
+                for i in range(first, first + count)]
         if self._batch is None:
-            self._batch = KVBatch.from_prefill(out.cache, request.n, max_length)
+            self._batch = KVBatch.from_prefill(out.cache, count, max_length)
         else:
-            self._batch.add_prefill(out.cache, request.n, max_length)
+            self._batch.add_prefill(out.cache, count, max_length)
         self.kv.note(self._batch, beside_tokens=len(prompt))  # the prefill's own KV
         self._rows.extend(rows)
-        logits = out.logits[:, -1].expand(request.n, -1)
-        self._append(rows, choose(logits, [request.params] * request.n,
+        logits = out.logits[:, -1].expand(count, -1)
+        self._append(rows, choose(logits, [request.params] * count,
                                   [r.generator for r in rows]))
 
     def _decode(self) -> None:

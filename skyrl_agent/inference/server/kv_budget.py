@@ -34,18 +34,15 @@ class KVBudget:
     def bytes(self) -> int:
         return self.tokens * self.token_bytes
 
-    def check_alone(self, rows: int, max_length: int, prompt_tokens: int) -> None:
-        """Refuse a request that would not fit even with nothing else running."""
-        needed = rows * max_length + prompt_tokens
+    def check_alone(self, max_length: int, prompt_tokens: int) -> None:
+        """Refuse a request whose one row would not fit even with nothing else running (its
+        `n` rows may join the batch in parts)."""
+        needed = max_length + prompt_tokens
         if needed > self.tokens:
             raise KVBudgetExceeded(
-                f"{rows} x {max_length} tokens (prompt + max_tokens) need "
-                f"{needed * self.token_bytes / 2**20:.0f} MB of KV cache; this server's budget "
-                f"is {self.bytes / 2**20:.0f} MB (lower max_tokens or n, or raise kv_cache_mb)")
-
-    def admits(self, reserved_tokens: int, prompt_tokens: int) -> bool:
-        """Whether a batch reserving this much still fits beside a prompt being prefilled."""
-        return reserved_tokens + prompt_tokens <= self.tokens
+                f"prompt + max_tokens = {max_length} tokens need "
+                f"{needed * self.token_bytes / 2**20:.3g} MB of KV cache; this server's budget "
+                f"is {self.bytes / 2**20:.3g} MB (lower max_tokens, or raise kv_cache_mb)")
 
     def make_room(self, batch_tokens: int, beside: int = 0) -> None:
         """Evict from the prefix cache so that a batch holding `batch_tokens` token slots fits
