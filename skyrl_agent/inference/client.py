@@ -277,8 +277,8 @@ class InferenceClient:
         """One server's update: as it is where the server swaps weights live, else between a
         pause(keep) and a resume (vLLM: its load must not run beside decoding)."""
         if server.swaps_live is None:
-            cards = (await self._request(server, "GET", "/v1/models")).get("data") or []
-            server.swaps_live = bool(cards) and cards[0].get("weight_swap") == "live"
+            card = await self._model_card(server)
+            server.swaps_live = card.get("weight_swap") == "live"
         if server.swaps_live:
             return await self._request(server, "POST", "/update_weights", json=body)
         await self._request(server, "POST", "/pause", params={"mode": "keep"})
@@ -289,11 +289,15 @@ class InferenceClient:
 
     async def max_model_len(self) -> int | None:
         """The smallest context length the servers report on /v1/models (None if unknown)."""
-        replies = await self._fan_out("GET", "/v1/models")
-        lengths = [card.get("max_model_len") for reply in replies
-                   for card in (reply.get("data") or [])[:1]]
+        cards = await asyncio.gather(*[self._model_card(s) for s in self.servers])
+        lengths = [card.get("max_model_len") for card in cards]
         known = [n for n in lengths if isinstance(n, int) and n > 0]
         return min(known) if known else None
+
+    async def _model_card(self, server: _Server) -> dict[str, Any]:
+        """The first model card a server lists on /v1/models ({} when it lists none)."""
+        cards = (await self._request(server, "GET", "/v1/models")).get("data") or []
+        return cards[0] if cards and isinstance(cards[0], dict) else {}
 
     async def health(self) -> bool:
         try:

@@ -29,7 +29,7 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from skyrl_agent.inference.routers import RoutingTap
-from skyrl_agent.inference.server.kv import KVBatch, capacity_for
+from skyrl_agent.inference.server.kv import KVBatch, held_after_prefill
 from skyrl_agent.inference.server.kv_budget import KVBudget
 from skyrl_agent.inference.server.outputs import EngineStats, SequenceOutput, WeightUpdateTimes
 from skyrl_agent.inference.server.prefix_cache import PrefixCache
@@ -133,8 +133,8 @@ class Engine:
         """Sample `n` completions of `prompt_ids`; queued while the engine is paused."""
         loop = asyncio.get_running_loop()
         max_length = min(len(prompt_ids) + params.max_tokens, self.max_model_len)
-        request = _Request(list(prompt_ids), params, n, loop, loop.create_future(), max_length)
         self.kv.check_alone(max_length, len(prompt_ids))
+        request = _Request(list(prompt_ids), params, n, loop, loop.create_future(), max_length)
         request.outputs = [None] * n
         self._post(lambda: self._waiting.append(request))
         try:
@@ -234,17 +234,13 @@ class Engine:
         if self._rows:
             rows = min(rows, self.max_batch_size - len(self._rows))
         # Every row is reserved at the longest reach in the batch (rows are padded to it).
-        reach = max([request.max_length, *(r.request.max_length for r in self._rows)])
-        fits = (self.kv.tokens - len(request.prompt_ids)) // reach - len(self._rows)
+        fits = (self.kv.tokens - len(request.prompt_ids)) // self._reach(request) - len(self._rows)
         return max(0, min(rows, fits))
 
-    def _batch_tokens_with(self, request: _Request, rows: int, max_length: int) -> int:
-        """Token slots of the batch during and after `rows` rows of `request` join it."""
-        if self._batch is None:
-            return rows * capacity_for(len(request.prompt_ids), max_length)
-        width = max(self._batch.width, len(request.prompt_ids))
-        joined = (self._batch.rows + rows) * capacity_for(width, max_length)
-        return max(self._batch.held_tokens(), joined)
+    def _reach(self, joining: _Request | None = None) -> int:
+        """The most tokens any row of the batch (with `joining`'s rows) can come to hold."""
+        lengths = [r.request.max_length for r in self._rows]
+        return max([*lengths, joining.max_length] if joining else lengths)
 
     def _admit(self, request: _Request, rows: int) -> None:
         first = request.admitted
@@ -266,8 +262,9 @@ class Engine:
     def _prefill(self, request: _Request, first: int, count: int) -> None:
         """Prefill the prompt once for rows first .. first + count - 1 of the request."""
         prompt = request.prompt_ids
-        max_length = max([request.max_length, *(r.request.max_length for r in self._rows)])
-        self.kv.make_room(self._batch_tokens_with(request, count, max_length), beside=len(prompt))
+        max_length = self._reach(request)
+        self.kv.make_room(held_after_prefill(self._batch, count, len(prompt), max_length),
+                          beside=len(prompt))
         cached, layers, cached_routing = self._prefix.lookup(prompt)
         cache = DynamicCache(ddp_cache_data=layers) if layers else DynamicCache()
         self._tap.discard()
@@ -369,7 +366,7 @@ class Engine:
         if not keep:
             self._batch = None
             return
-        self._batch.select(keep, max(r.request.max_length for r in self._rows))
+        self._batch.select(keep, self._reach())
 
     def _finish_row(self, row: _Row, routing: np.ndarray | None) -> None:
         assert row.finish is not None

@@ -194,6 +194,15 @@ class KVBatch:
                  v[row : row + 1, :, length - tokens :].clone()) for k, v in self.layers()]
 
 
+def held_after_prefill(batch: KVBatch | None, rows: int, tokens: int, max_length: int) -> int:
+    """Token slots held while and after `rows` rows of a `tokens`-long prefill join `batch`
+    (add_prefill: the longer width, room by capacity_for; the old layers go one by one)."""
+    if batch is None:
+        return rows * capacity_for(tokens, max_length)
+    joined = (batch.rows + rows) * capacity_for(max(batch.width, tokens), max_length)
+    return max(batch.held_tokens(), joined)
+
+
 def _left_pad(tensor: torch.Tensor, length: int) -> torch.Tensor:
     """Zero-pad a [rows, tokens] mask on the left up to `length` tokens."""
     missing = length - tensor.shape[-1]

@@ -56,11 +56,6 @@ class PrefixCache:
         self.shrink_to(self.max_tokens)
 
     @property
-    def tokens(self) -> int:
-        """Tokens held in all entries."""
-        return self._tokens
-
-    @property
     def nbytes(self) -> int:
         """Bytes of the cached keys and values."""
         return self._bytes

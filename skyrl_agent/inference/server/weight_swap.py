@@ -73,13 +73,12 @@ class DoubleBufferedWeights:
             return
         with torch.no_grad():
             for name, tensor in self._tensors.items():
-                if lag is None:
+                if lag is not None and name not in lag:
+                    continue
+                picked = None if lag is None else lag[name]
+                if picked is None:
                     back[name].copy_(tensor.data)
-                elif name in lag:
-                    picked = lag[name]
-                    if picked is None:
-                        back[name].copy_(tensor.data)
-                    else:
-                        index = torch.tensor(picked, dtype=torch.long, device=tensor.device)
-                        back[name][index] = tensor.data[index]
+                else:
+                    index = torch.tensor(picked, dtype=torch.long, device=tensor.device)
+                    back[name][index] = tensor.data[index]
         self._lag = {}
