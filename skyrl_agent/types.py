@@ -299,14 +299,15 @@ class Trajectory:
     agent_time_s: float = 0.0
     """Seconds the agent ran."""
     verify_time_s: float = 0.0
-    """Seconds verification took (separate mode: the fresh sandbox, the restore, the tests)."""
+    """Seconds the tests took, from copying them in to reading the reward."""
     model_time_s: float = 0.0
     """Seconds the agent waited on model calls: queued, prefilled, decoded, and the trip."""
     exec_time_s: float = 0.0
     """Seconds commands ran in the sandbox for the agent (tool calls, keystrokes' waits)."""
     handover_time_s: float = 0.0
     """Seconds from the agent's end to the tests: its processes killed, its artifacts
-    collected."""
+    collected; in separate mode also the wait for the verifier's sandbox (started while the
+    agent worked) and the artifacts restored into it."""
     stop_time_s: float = 0.0
     """Seconds to stop the agent's sandbox."""
     total_time_s: float = 0.0

@@ -61,7 +61,7 @@ async def audit_tasks(tasks: list[TaskSpec], config: SandboxConfig,
                       ) -> list[AuditResult]:
     """Audit every task, at most `jobs` episodes at once; results in the tasks' order."""
     names = chosen_attacks(attacks)
-    pool = SandboxPool(config, size=config.warm_pool)
+    pool = SandboxPool(config, size=config.warm_pool, stop_in_background=True)
     limit = asyncio.Semaphore(jobs)
 
     async def episode(task: TaskSpec, attack: str | None) -> CheckResult:
@@ -80,4 +80,4 @@ async def audit_tasks(tasks: list[TaskSpec], config: SandboxConfig,
     try:
         return list(await asyncio.gather(*(one(t) for t in tasks)))
     finally:
-        await pool.close()
+        await asyncio.shield(pool.close())

@@ -60,7 +60,7 @@ async def check_tasks(tasks: list[TaskSpec], agent_name: str, config: SandboxCon
                       ) -> list[CheckResult]:
     """Check tasks with at most `jobs` at once; results come back in the tasks' order."""
     agent_class(agent_name)  # an unknown agent fails before any sandbox starts
-    pool = SandboxPool(config, size=config.warm_pool)
+    pool = SandboxPool(config, size=config.warm_pool, stop_in_background=True)
     limit = asyncio.Semaphore(jobs)
 
     async def one(task: TaskSpec) -> CheckResult:
@@ -73,4 +73,4 @@ async def check_tasks(tasks: list[TaskSpec], agent_name: str, config: SandboxCon
     try:
         return list(await asyncio.gather(*(one(t) for t in tasks)))
     finally:
-        await pool.close()
+        await asyncio.shield(pool.close())

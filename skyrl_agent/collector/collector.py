@@ -54,7 +54,8 @@ class Collector:
         self._requests = asyncio.Semaphore(config.collector.max_inflight_requests)
         self._sessions = self._bounded(sessions) if sessions else None
         self.sandboxes = SandboxPool(config.sandbox, size=config.sandbox.warm_pool,
-                                     start_timeout_s=config.collector.sandbox_start_timeout_s)
+                                     start_timeout_s=config.collector.sandbox_start_timeout_s,
+                                     stop_in_background=True)
         """Where samples get their sandboxes: the warm pool (size 0 = a fresh one each)."""
         self._stored: dict[tuple[str, int], Trajectory] | None = None
 

@@ -2,9 +2,10 @@
 
     sandbox (pool or fresh) -> agent acts -> kill every process it left -> [[verifier.collect]]
     -> collect artifacts as a host-written bundle (kept as the final state) -> verify:
-       separate: stop the agent's sandbox; run the tests in a fresh one with the bundle restored
+       separate: run the tests in a fresh sandbox with the bundle restored (started while
+                 the agent works, so the hand-over does not wait for a start)
        shared:   run the tests in the agent's sandbox (its processes are dead; weaker)
-    -> stop
+    -> stop (in the background where the sandbox source does that)
 
 Failures carry a FailureKind saying whose they are: the host's (a sandbox that will not start,
 an engine error) or the agent's (its sandbox died under it, its artifacts pass the limits).
@@ -73,7 +74,8 @@ class EpisodeResult:
     exec_time_s: float = 0.0
     """Of the agent's time, seconds its commands ran in the sandbox (Env.exec_time_s)."""
     handover_time_s: float = 0.0
-    """Killing the agent's processes and collecting its artifacts."""
+    """Killing the agent's processes and collecting its artifacts; in separate mode also the
+    wait for the verifier's sandbox and the restore (Trajectory.handover_time_s)."""
     stop_time_s: float = 0.0
     """Stopping the agent's sandbox."""
     total_time_s: float = 0.0
@@ -100,11 +102,14 @@ Act = Callable[[Env], Awaitable[AgentOutcome]]
 
 
 class SandboxSource(Protocol):
-    """Hands out started sandboxes (a SandboxPool, or fresh_sandboxes)."""
+    """Hands out started sandboxes and stops them after use (a SandboxPool, or
+    fresh_sandboxes)."""
 
     config: SandboxConfig
 
     async def acquire(self, spec: SandboxSpec) -> Sandbox: ...
+
+    async def release(self, sandbox: Sandbox) -> None: ...
 
 
 def fresh_sandboxes(config: SandboxConfig, start_timeout_s: float = 900.0) -> SandboxPool:
@@ -150,23 +155,60 @@ async def run_episode(task: TaskSpec, act: Act, sandboxes: SandboxSource,
     except (SandboxError, UnsupportedEnvironment) as exc:
         return clock.result(*_failed("sandbox start", exc), mode=mode)
     clock.sandbox = time.monotonic() - clock.started
+    pending = _prestart_verifier(task, spec, sandboxes) if mode == SEPARATE else None
+    saving: list[asyncio.Future[Path]] = []
+
+    def keep(bundle: bytes) -> None:  # written while the tests run, on disk before we return
+        if keep_state is not None:
+            saving.append(asyncio.ensure_future(
+                asyncio.to_thread(atomic_write_bytes, keep_state, bundle)))
+
     try:
-        done = await _in_sandbox(task, act, sandbox, verifier, paths, mode, keep_state, clock)
+        verdict, outcome = await _in_sandbox(task, act, sandbox, verifier, paths, mode, keep,
+                                             clock)
+        if isinstance(verdict, bytes):  # collected: the tests run in a fresh sandbox
+            grading, pending = grade(task, verdict, sandboxes, prestarted=pending), None
+            handing_over = time.monotonic()
+            verdict, outcome = await _guarded(grading, outcome)
+            # All of grading but the tests is hand-over: the verifier's sandbox and the restore.
+            grading_s = time.monotonic() - handing_over
+            clock.handover += max(0.0, grading_s - verdict.verify_time_s)
     finally:
+        # Its processes died at the hand-over; stopped now, its stop does not compete with it.
         stopping = time.monotonic()
-        await asyncio.shield(sandbox.stop())  # separate mode: before the verifier's starts
+        await sandboxes.release(sandbox)
         clock.stop = time.monotonic() - stopping
-    verdict, outcome = done
-    if isinstance(verdict, bytes):  # collected: the tests run in a fresh sandbox
-        verdict, outcome = await _guarded(grade(task, verdict, sandboxes), outcome)
+        if pending is not None:  # not graded: the agent failed, or the run was cancelled
+            await asyncio.shield(_discard(pending, sandboxes))
+        for save in saving:  # a failed write raises here, as it would have before the tests
+            await asyncio.shield(save)
     return clock.result(verdict, outcome, mode)
 
 
+def _prestart_verifier(task: TaskSpec, agent_spec: SandboxSpec,
+                       sandboxes: SandboxSource) -> asyncio.Task[Sandbox]:
+    """The verifier's sandbox, started while the agent works. It waits at most as long as the
+    agent's sandbox may live, so that wait is added to its deadline."""
+    spec = SandboxSpec.from_task(verifier_task(task), sandboxes.config)
+    waiting = dataclasses.replace(spec, deadline_s=spec.deadline_s + agent_spec.deadline_s)
+    return asyncio.create_task(sandboxes.acquire(waiting))
+
+
+async def _discard(pending: asyncio.Task[Sandbox], sandboxes: SandboxSource) -> None:
+    """Stop a pre-started sandbox that will not be used, started or still starting (a
+    cancelled start stops what it made: SandboxPool._start)."""
+    pending.cancel()
+    started = (await asyncio.gather(pending, return_exceptions=True))[0]
+    if isinstance(started, Sandbox):
+        await sandboxes.release(started)
+
+
 async def _in_sandbox(task: TaskSpec, act: Act, sandbox: Sandbox, verifier: VerifierConfig,
-                      paths: tuple[ArtifactPath, ...], mode: str, keep_state: Path | None,
+                      paths: tuple[ArtifactPath, ...], mode: str, keep: Callable[[bytes], None],
                       clock: _Clock) -> tuple[Reward | bytes, AgentOutcome]:
     """The agent's phase, the hand-over, and in shared mode the tests: the reward, or (separate
-    mode) the collected bundle the verifier's sandbox gets; with the agent's outcome."""
+    mode) the collected bundle the verifier's sandbox gets; with the agent's outcome. The
+    bundle goes to `keep` (the final state) as soon as it is collected."""
     agent_started = time.monotonic()
     env = Env(task, sandbox)
     outcome = await _act(act, env)
@@ -175,8 +217,8 @@ async def _in_sandbox(task: TaskSpec, act: Act, sandbox: Sandbox, verifier: Veri
         return Reward.failed(outcome.reason or "failed"), outcome
     handing_over = time.monotonic()
     collected = await _collect(task, sandbox, verifier, paths)
-    if not isinstance(collected, tuple) and keep_state is not None:
-        await asyncio.to_thread(atomic_write_bytes, keep_state, collected)
+    if not isinstance(collected, tuple):
+        keep(collected)
     clock.handover = time.monotonic() - handing_over
     if isinstance(collected, tuple):
         return collected
@@ -197,8 +239,8 @@ async def _collect(task: TaskSpec, sandbox: Sandbox, verifier: VerifierConfig,
     """Kill the agent's processes and collect its artifacts: the bundle, or why not."""
     try:
         await sandbox.kill_processes()
-        await run_collect_hooks(sandbox, task)
-        await sandbox.kill_processes()
+        if await run_collect_hooks(sandbox, task):
+            await sandbox.kill_processes()  # what the hooks started
         return await collect_bundle(sandbox, paths, limits_of(verifier))
     except (SandboxError, ArtifactLimitExceeded) as exc:
         return _failed("collecting the artifacts", exc)
@@ -213,16 +255,17 @@ async def _guarded(verifying: Awaitable[Reward],
         return _failed("verifier", exc)
 
 
-async def grade(task: TaskSpec, bundle: bytes, sandboxes: SandboxSource) -> Reward:
+async def grade(task: TaskSpec, bundle: bytes, sandboxes: SandboxSource,
+                prestarted: Awaitable[Sandbox] | None = None) -> Reward:
     """Separate-mode verification: a fresh sandbox from the pristine environment (the task's
-    `[verifier.environment]` when it has one), the bundle restored, the tests run. Re-grading
-    a stored final state is this same call. Raises SandboxError when that sandbox cannot
-    start (infrastructure); any later failure is reward 0 with a reason."""
+    `[verifier.environment]` when it has one; `prestarted` when one was started ahead), the
+    bundle restored, the tests run. Re-grading a stored final state is this same call. Raises
+    SandboxError when that sandbox cannot start (infrastructure); any later failure is reward
+    0 with a reason."""
     spec = SandboxSpec.from_task(verifier_task(task), sandboxes.config)
     paths = artifact_paths(task, SandboxSpec.from_task(task, sandboxes.config).workdir)
-    started = time.monotonic()
     try:
-        sandbox = await sandboxes.acquire(spec)
+        sandbox = await (prestarted or sandboxes.acquire(spec))
     except SandboxError as exc:  # raised on: retrying may help, the agent did nothing wrong
         raise SandboxError(f"the verifier's sandbox did not start: {exc}") from None
     try:
@@ -231,9 +274,8 @@ async def grade(task: TaskSpec, bundle: bytes, sandboxes: SandboxSource) -> Rewa
     except SandboxError as exc:
         reward = Reward.failed(f"sandbox error during verification: {exc}")
     finally:
-        await asyncio.shield(sandbox.stop())
-    # The verification time includes the fresh sandbox's start and the restore.
-    return Reward(reward.value, reward.components, reward.reason, time.monotonic() - started)
+        await sandboxes.release(sandbox)
+    return reward
 
 
 def verifier_task(task: TaskSpec) -> TaskSpec:

@@ -76,11 +76,13 @@ def limits_of(config: VerifierConfig) -> ArtifactLimits:
                           max_entries=config.max_artifact_files)
 
 
-async def run_collect_hooks(sandbox: Sandbox, task: TaskSpec) -> None:
-    """`[[verifier.collect]]` commands of the main service, run before collection."""
-    for hook in task.config.verifier.collect:
-        if hook.service == "main":
-            await sandbox.exec(hook.command, timeout=hook.timeout_sec, user=hook.user)
+async def run_collect_hooks(sandbox: Sandbox, task: TaskSpec) -> bool:
+    """`[[verifier.collect]]` commands of the main service, run before collection; whether any
+    ran (what they started must be killed too)."""
+    hooks = [hook for hook in task.config.verifier.collect if hook.service == "main"]
+    for hook in hooks:
+        await sandbox.exec(hook.command, timeout=hook.timeout_sec, user=hook.user)
+    return bool(hooks)
 
 
 async def collect_bundle(sandbox: Sandbox, paths: tuple[ArtifactPath, ...],
@@ -98,13 +100,8 @@ async def restore_bundle(sandbox: Sandbox, bundle: bytes,
                          paths: tuple[ArtifactPath, ...]) -> None:
     """Replace each artifact path of a fresh sandbox with the bundle's content (a path the
     agent deleted stays deleted)."""
-    for artifact in paths:
-        removed = await sandbox.exec(f"rm -rf -- {shlex.quote(artifact.path)}", timeout=120,
-                                     cwd="/", user=0)
-        if not removed.ok:
-            raise SandboxError(f"cannot clear {artifact.path}: {removed.stderr.strip()[-200:]}")
     # Our own archive; the sandbox's tar reads it plain (tar cannot sniff gzip on a pipe).
-    await sandbox.extract(gzip.decompress(bundle), "/")
+    await sandbox.extract_replacing(gzip.decompress(bundle), "/", [a.path for a in paths])
 
 
 def parse_reward_json(text: str) -> tuple[float, dict[str, float]]:

@@ -18,10 +18,12 @@ resolve inside that sandbox.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import io
 import os
 import posixpath
+import shutil
 import stat
 import tarfile
 from collections.abc import Iterable, Iterator
@@ -160,21 +162,28 @@ def _open_parent(root_fd: int, parts: list[str]) -> int | None:
             os.close(fd)
 
 
+@contextlib.contextmanager
+def _parent_folder(root: Path, parts: list[str]) -> Iterator[int | None]:
+    """An fd of the folder holding parts[-1] under the host folder `root` (the sandbox's `/`),
+    walked as _open_parent does, closed after the block; None if there is none."""
+    root_fd = os.open(root, _DIR_FLAGS)
+    try:
+        parent = _open_parent(root_fd, parts)
+    finally:
+        os.close(root_fd)
+    try:
+        yield parent
+    finally:
+        if parent is not None:
+            os.close(parent)
+
+
 def collect_tree(root: Path, remote: str, writer: BundleWriter) -> bool:
     """Add the sandbox path `remote` (under the host folder `root`, the sandbox's `/`) to the
     bundle; False when it does not exist. Links are recorded, never followed."""
     name = sandbox_relative(remote)
-    root_fd = os.open(root, _DIR_FLAGS)
-    try:
-        parent = _open_parent(root_fd, name.split("/"))
-        if parent is None:
-            return False
-        try:
-            return _add_entry(parent, name.split("/")[-1], name, writer, 0)
-        finally:
-            os.close(parent)
-    finally:
-        os.close(root_fd)
+    with _parent_folder(root, name.split("/")) as parent:
+        return parent is not None and _add_entry(parent, name.split("/")[-1], name, writer, 0)
 
 
 def _add_entry(dir_fd: int, base: str, name: str, writer: BundleWriter, depth: int) -> bool:
@@ -224,19 +233,13 @@ def read_tree_file(root: Path, remote: str, limit: int) -> bytes | None:
     """The content of a regular file at `remote` under `root`, links not followed; None when it
     is missing or not a regular file. Raises ArtifactLimitExceeded past `limit` bytes."""
     parts = sandbox_relative(remote).split("/")
-    root_fd = os.open(root, _DIR_FLAGS)
-    try:
-        parent = _open_parent(root_fd, parts)
+    with _parent_folder(root, parts) as parent:
         if parent is None:
             return None
         try:
             fd = os.open(parts[-1], _FILE_FLAGS, dir_fd=parent)
         except OSError:
             return None
-        finally:
-            os.close(parent)
-    finally:
-        os.close(root_fd)
     with os.fdopen(fd, "rb") as handle:
         if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
             return None
@@ -244,6 +247,31 @@ def read_tree_file(root: Path, remote: str, limit: int) -> bytes | None:
     if len(data) > limit:
         raise ArtifactLimitExceeded(f"{remote} holds more than {limit} bytes")
     return data
+
+
+def remove_tree_path(root: Path, remote: str) -> bool:
+    """Delete the sandbox path `remote` under `root` as `rm -rf` inside would (a link itself,
+    not what it points to), the folders on the way walked without following links. False when
+    it cannot be done so (`/`, a folder on the way missing or a link, an error): the caller
+    deletes it inside the sandbox then, where links resolve as the sandbox sees them."""
+    try:
+        parts = sandbox_relative(remote).split("/")
+    except ValueError:
+        return False
+    with _parent_folder(root, parts) as parent:
+        if parent is None:
+            return False
+        try:
+            st = os.stat(parts[-1], dir_fd=parent, follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                shutil.rmtree(parts[-1], dir_fd=parent)
+            else:
+                os.unlink(parts[-1], dir_fd=parent)
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+    return True
 
 
 # ---- the engine's archive of a container (docker backend) --------------------------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import shlex
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -176,6 +177,17 @@ class Sandbox(ABC):
     async def extract(self, archive: bytes, remote_dir: str) -> None:
         """Unpack a tar (made on the host) into the sandbox folder `remote_dir`, with the
         sandbox's own tar, so links in it resolve inside the sandbox."""
+
+    async def extract_replacing(self, archive: bytes, remote_dir: str,
+                                replaced: Sequence[str]) -> None:
+        """extract(), once the sandbox paths `replaced` are deleted (as root). A backend that
+        can do both in one command overrides this: it is on the verifier's hand-over."""
+        for path in replaced:
+            removed = await self.exec(f"rm -rf -- {shlex.quote(path)}", timeout=120, cwd="/",
+                                      user=0)
+            if not removed.ok:
+                raise SandboxError(f"cannot clear {path}: {removed.stderr.strip()[-200:]}")
+        await self.extract(archive, remote_dir)
 
     async def upload(self, local: Path, remote: str) -> None:
         """Copy a host file or folder to the absolute sandbox path `remote`."""

@@ -200,8 +200,10 @@ def end_processes(group: Path, spare: frozenset[int], exit_wait_s: float = EXIT_
             _kill_each(killed)
         if not killed:
             return True
+        pause = 0.001  # most are gone within a millisecond or two; a slow exit backs off
         while killed & _read_procs(procs) and time.monotonic() < deadline:
-            time.sleep(0.01)
+            time.sleep(pause)
+            pause = min(2 * pause, 0.01)
         if complete and not killed & _read_procs(procs):
             return True
         if time.monotonic() >= deadline:

@@ -30,12 +30,11 @@ import shlex
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from skyrl_agent.sandboxes.artifacts import (
-    ArtifactLimitExceeded,
     BundleWriter,
     collect_tree,
     read_tree_file,
@@ -56,6 +55,13 @@ from skyrl_agent.sandboxes.local_disk import (
     sandbox_folder_name,
     sandboxes_folder,
     unmount,
+)
+from skyrl_agent.sandboxes.local_files import (
+    chown_tree,
+    clear_on_host,
+    host_system_file,
+    read_host_file,
+    require_traversable,
 )
 from skyrl_agent.sandboxes.local_net import (
     RESOLV_CONF,
@@ -93,13 +99,6 @@ class _Reply:
     stderr: bytes
 
 
-def _chown_tree(path: Path, uid: int) -> None:
-    os.chown(path, uid, uid)
-    for dirpath, dirnames, filenames in os.walk(path):
-        for name in dirnames + filenames:
-            os.chown(os.path.join(dirpath, name), uid, uid, follow_symlinks=False)
-
-
 async def _to_thread_to_the_end(function: Callable[..., None], *args: object) -> None:
     """Run `function` in a thread; when cancelled, let it finish before re-raising, so that
     stop() sees everything it did (a disk mounted after stop() ran would never be unmounted)."""
@@ -110,33 +109,6 @@ async def _to_thread_to_the_end(function: Callable[..., None], *args: object) ->
         with contextlib.suppress(Exception):
             await future
         raise
-
-
-def _host_system_file(remote: str) -> Path | None:
-    """The host file behind a path on the sandbox's read-only /usr bind, else None."""
-    parts = [p for p in remote.split("/") if p not in ("", ".")]
-    if len(parts) < 2 or parts[0] != "usr" or ".." in parts:
-        return None
-    path = Path("/", *parts).resolve()
-    return path if path.is_relative_to("/usr") else None
-
-
-def _read_host_file(path: Path, limit: int) -> bytes | None:
-    if not path.is_file():
-        return None
-    with open(path, "rb") as handle:
-        data = handle.read(limit + 1)
-    if len(data) > limit:
-        raise ArtifactLimitExceeded(f"{path} holds more than {limit} bytes")
-    return data
-
-
-def _require_traversable(path: Path) -> None:
-    for folder in [path, *path.parents]:
-        if not folder.stat().st_mode & 0o001:
-            raise UnsupportedEnvironment(
-                f"sandbox.work_root {path}: {folder} is not searchable by other users, so the "
-                f"unprivileged sandbox user cannot reach it (chmod o+x {folder}, or pick another)")
 
 
 class LocalSandbox(Sandbox):
@@ -182,7 +154,7 @@ class LocalSandbox(Sandbox):
         self._dir.mkdir()
         self._dir.chmod(0o711)  # the unprivileged sandbox user must reach root/ to mount it
         if os.geteuid() == 0:
-            _require_traversable(base)
+            require_traversable(base)
         await _to_thread_to_the_end(self._mount_disk)
         await _to_thread_to_the_end(self._prepare_root, self._plan)
         if self.spec.network:
@@ -236,7 +208,7 @@ class LocalSandbox(Sandbox):
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(step.source, target)
         if os.geteuid() == 0:
-            _chown_tree(root, SANDBOX_UID)
+            chown_tree(root, SANDBOX_UID)
             for stage in self._mount_sources().values():  # owned by us, outside root/
                 Path(stage).mkdir(mode=0o755, parents=True)
         # Written after the chown: owned by the caller, so the sandbox can read but not change it.
@@ -436,18 +408,27 @@ class LocalSandbox(Sandbox):
         return await self._request(message, wait_s=limit + 10)
 
     async def extract(self, archive: bytes, remote_dir: str) -> None:
+        await self.extract_replacing(archive, remote_dir, ())
+
+    async def extract_replacing(self, archive: bytes, remote_dir: str,
+                                replaced: Sequence[str]) -> None:
+        # One command, each step only when needed: a process less is ~1.5 ms off a hand-over.
         directory = shlex.quote(remote_dir)
+        assert self._dir is not None, "sandbox not started"
+        inside = await asyncio.to_thread(clear_on_host, self.root, replaced) if replaced else []
+        clear = f"rm -rf -- {shlex.join(inside)} && " if inside else ""
+        make = f"mkdir -p {directory} && " if remote_dir.rstrip("/") else ""
         result = await self._exec(
-            f"mkdir -p {directory} && tar -xf - -C {directory} --no-same-owner",
+            f"{clear}{make}exec tar -xf - -C {directory} --no-same-owner",
             timeout=120, cwd="/", env=None, stdin=archive, max_output=EXTRACT_OUTPUT)
         if result.exit_code != 0 or result.timed_out:
             raise SandboxError(f"unpacking into {remote_dir} failed: "
                                f"{result.stderr.decode(errors='replace').strip()[-300:]}")
 
     async def read_file(self, remote: str, limit: int = FILE_READ_LIMIT) -> bytes | None:
-        host = _host_system_file(remote)
+        host = host_system_file(remote)
         if host is not None:  # the host's read-only /usr is seen through a bind mount
-            return await asyncio.to_thread(_read_host_file, host, limit)
+            return await asyncio.to_thread(read_host_file, host, limit)
         return await asyncio.to_thread(read_tree_file, self.root, remote, limit)
 
     async def collect(self, remote: str, writer: BundleWriter) -> bool:

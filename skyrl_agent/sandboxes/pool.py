@@ -3,25 +3,43 @@
 Starting a Docker container costs ~0.5 s and a local sandbox ~0.05 s; with a pool that cost moves
 off the critical path. Pooled sandboxes are pristine (nothing ran in them yet) and are keyed by
 the content hash of the environment, so one never serves a different task's environment.
+
+Stopping moves off it too: `release` starts a used sandbox's stop as a task of its own (its
+first step kills every process; waiting for them, unmounting and deleting follow) and `close`
+waits for those tasks. A used sandbox is never handed out again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 
 from skyrl_agent.config import SandboxConfig
 from skyrl_agent.sandboxes.base import Sandbox, SandboxError, SandboxSpec, create_sandbox
+
+log = logging.getLogger(__name__)
+
+
+async def _stop_logged(sandbox: Sandbox) -> None:
+    """stop() with nobody waiting for its outcome: a failure is logged, not lost."""
+    try:
+        await sandbox.stop()
+    except Exception as exc:  # noqa: BLE001 - a stop in the background has no caller to raise to
+        log.warning("stopping sandbox %s failed: %s", sandbox.spec.name, exc)
 
 
 class SandboxPool:
     """Keeps `size` started sandboxes per environment; `acquire` hands one out and refills."""
 
     def __init__(self, config: SandboxConfig, size: int, max_idle_s: float = 600.0,
-                 start_timeout_s: float = 900.0) -> None:
+                 start_timeout_s: float = 900.0, stop_in_background: bool = False) -> None:
         self.config = config
         self.size = size
+        self.stop_in_background = stop_in_background
+        """Whether `release` returns before the stop has finished: only for a pool whose owner
+        calls `close` (which waits for those stops) before its event loop ends."""
         self.max_idle_s = max_idle_s
         self.start_timeout_s = start_timeout_s
         self._idle: dict[str, list[tuple[Sandbox, float]]] = {}
@@ -29,6 +47,7 @@ class SandboxPool:
         """Starts in flight per environment: counted as room taken, so that two concurrent
         refills never both start the last free place."""
         self._refills: set[asyncio.Task] = set()
+        self._stops: set[asyncio.Task] = set()
         self.hits = 0
         self.misses = 0
 
@@ -89,11 +108,22 @@ class SandboxPool:
             self._schedule_refill(key, spec)
         return sandbox
 
+    async def release(self, sandbox: Sandbox) -> None:
+        """Stop a sandbox that was used (shielded: a cancelled caller still stops it), in a task
+        of its own when the pool stops in the background."""
+        if not self.stop_in_background:
+            await asyncio.shield(sandbox.stop())
+            return
+        task = asyncio.create_task(_stop_logged(sandbox))
+        self._stops.add(task)
+        task.add_done_callback(self._stops.discard)
+
     async def close(self) -> None:
-        """Stop refills and every idle sandbox."""
+        """Stop refills and every idle sandbox; wait for the stops `release` left running."""
         for task in list(self._refills):
             task.cancel()
         await asyncio.gather(*self._refills, return_exceptions=True)
         for idle in self._idle.values():
             await asyncio.gather(*(s.stop() for s, _ in idle), return_exceptions=True)
         self._idle.clear()
+        await asyncio.gather(*self._stops, return_exceptions=True)
