@@ -26,9 +26,17 @@ With --repeats R every configuration runs R times, repeat r with run seed r (so 
 and its agents' waits differ between repeats and are equal across configurations), and a second
 table gives each configuration's mean and spread over the repeats.
 
+--time-to-accuracy: every step's weights are kept (a checkpoint per step, copied aside as the
+run goes) and, once the run is over, each is scored on --eval fresh samples (seed 1, held out).
+Per seed the target is the synchronous run's best held-out reward; each configuration's time to
+accuracy is the training time (from the first agent start) at the end of the first step whose
+weights score at least that. Target (the issue): staleness <= 4 reaches it >= 2x sooner at
+--median 3, with the final held-out reward within the seeds' spread.
+
 Run: .venv/bin/python benchmarks/async_speedup.py [--steps 8] [--median 1] [--sigma 1]
-     [--eval 64] [--staleness 0 1 2 4] [--repeats 1]
-     (about 8 minutes on 2 cores; --median 3 about 11)
+     [--eval 64] [--staleness 0 1 2 4] [--repeats 1] [--time-to-accuracy]
+     (about 8 minutes on 2 cores; --median 3 about 11; time to accuracy adds the scoring of
+     every step's weights)
 """
 
 from __future__ import annotations
@@ -38,13 +46,14 @@ import asyncio
 import math
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
@@ -111,6 +120,10 @@ class Outcome:
     eval_reward: float
     rewards: list[float]
     seed: int = 0
+    step_s: list[float] = field(default_factory=list)
+    """Training seconds (from the first agent start) at the end of each step."""
+    heldout: list[float] = field(default_factory=list)
+    """Held-out reward of each step's weights (--time-to-accuracy)."""
 
 
 def load_line(label: str) -> str:
@@ -135,19 +148,25 @@ def sync_floor(args: argparse.Namespace, seed: int = 0) -> float:
 
 def final_policy_reward(config: RunConfig, run_dir: Path, samples: int) -> float:
     """Mean reward of fresh samples from the last checkpoint's weights (seed 1: unseen)."""
+    latest = Checkpoints(run_dir).latest()
+    assert latest is not None
+    return policy_reward(config, latest, run_dir / "final", samples)
+
+
+def policy_reward(config: RunConfig, checkpoint: Path, out: Path, samples: int) -> float:
+    """Mean reward of fresh samples (seed 1: held out) from a checkpoint's weights, served by
+    the embedded server with the plain answer agent; `out` holds the export and the samples."""
     backend = make_backend(config)
     try:
-        latest = Checkpoints(run_dir).latest()
-        assert latest is not None
-        Checkpoints(run_dir).load(backend, latest)
-        backend.export(run_dir / "final-model")
+        Checkpoints(checkpoint.parent).load(backend, checkpoint)
+        backend.export(out / "model")
     finally:
         backend.close()
     settings = config.model_copy(update={
         "agent": config.agent.model_copy(update={"name": "answer"}),
-        "inference": config.inference.model_copy(update={"model": str(run_dir / "final-model")}),
+        "inference": config.inference.model_copy(update={"model": str(out / "model")}),
         "seed": 1})
-    job = Rollout(settings, samples, run_dir / "final-eval")
+    job = Rollout(settings, samples, out / "eval")
     try:
         result = asyncio.run(job.run(lambda trajectory: None))
     finally:
@@ -164,20 +183,35 @@ def one_configuration(staleness: int, model: Path, work_root: Path, run_dir: Pat
         "inference.max_tokens=8", f"collector.n_samples_per_task={N}",
         f"collector.max_concurrent_sandboxes={window}",
         "trainer.learning_rate=3e-2", f"trainer.groups_per_step={args.groups_per_step}",
-        f"trainer.max_steps={args.steps}", f"trainer.checkpoint_every={args.steps}",
+        f"trainer.max_steps={args.steps}",
+        f"trainer.checkpoint_every={1 if args.time_to_accuracy else args.steps}",
         f"trainer.max_staleness={staleness}", f"sandbox.work_root={work_root}"])
     LognormalAnswerAgent.first_start = None
     step_ends: list[float] = []
+    kept = run_dir.parent / f"{run_dir.name}-steps"
+
+    def step_done(result: StepResult) -> None:
+        step_ends.append(time.perf_counter())
+        if args.time_to_accuracy:
+            keep_checkpoints(run_dir, kept)
+
     busy_before, total_before = cpu_times()
     started = time.perf_counter()
-    results: list[StepResult] = asyncio.run(TrainJob(config, run_dir).run(
-        lambda result: step_ends.append(time.perf_counter())))
+    results: list[StepResult] = asyncio.run(TrainJob(config, run_dir).run(step_done))
     wall = time.perf_counter() - started
     busy_after, total_after = cpu_times()
     first = LognormalAnswerAgent.first_start or started
     metrics = [r.metrics for r in results]
     stored = TrajectoryStore(run_dir).load().trajectories
-    eval_reward = final_policy_reward(config, run_dir, args.eval) if args.eval else float("nan")
+    heldout: list[float] = []
+    if args.time_to_accuracy:  # scored after the run: not part of its time
+        keep_checkpoints(run_dir, kept)
+        heldout = [policy_reward(config, step, kept / f"eval-{step.name}", args.eval)
+                   for step in sorted(kept.glob("step-*"))]
+        eval_reward = heldout[-1]
+    else:
+        eval_reward = (final_policy_reward(config, run_dir, args.eval) if args.eval
+                       else float("nan"))
     return Outcome(
         staleness=staleness, seed=seed, wall_s=wall, loop_s=step_ends[-1] - first,
         busy=(busy_after - busy_before) / max(total_after - total_before, 1),
@@ -189,7 +223,55 @@ def one_configuration(staleness: int, model: Path, work_root: Path, run_dir: Pat
         dropped=int(sum(m["dropped_stale"] for m in metrics)),
         staleness_max=int(max(m["staleness_max"] for m in metrics)),
         final_reward=statistics.mean(r.reward_mean for r in results[-2:]),
-        eval_reward=eval_reward, rewards=[r.reward_mean for r in results])
+        eval_reward=eval_reward, rewards=[r.reward_mean for r in results],
+        step_s=[end - first for end in step_ends], heldout=heldout)
+
+
+def keep_checkpoints(run_dir: Path, kept: Path) -> None:
+    """Copy aside every complete checkpoint not copied yet (the run keeps only its newest)."""
+    for checkpoint in Checkpoints(run_dir).complete():
+        if not (kept / checkpoint.name).exists():
+            shutil.copytree(checkpoint, kept / checkpoint.name)
+
+
+def time_to(outcome: Outcome, target: float) -> float | None:
+    """Training seconds until the first step whose weights score at least `target`."""
+    reached = [t for t, reward in zip(outcome.step_s, outcome.heldout, strict=True)
+               if reward >= target]
+    return reached[0] if reached else None
+
+
+def accuracy_table(outcomes: Sequence[Outcome]) -> str:
+    """Per run: time to the synchronous run's best held-out reward (same seed), its ratio."""
+    sync = {o.seed: o for o in outcomes if o.staleness == 0}
+    lines = ["| max_staleness | seed | sync best held-out | time to it s | x sync | "
+             "held-out per step | final held-out |", "|---|---:|---:|---:|---:|---|---:|"]
+    for o in outcomes:
+        target = max(sync[o.seed].heldout)
+        reached, base = time_to(o, target), time_to(sync[o.seed], target)
+        ratio = f"{base / reached:.2f}" if reached and base else "not reached"
+        lines.append(f"| {o.staleness} | {o.seed} | {target:.3f} | "
+                     f"{'-' if reached is None else f'{reached:.1f}'} | {ratio} | "
+                     f"{' '.join(f'{r:.2f}' for r in o.heldout)} | {o.heldout[-1]:.3f} |")
+    return "\n".join(lines)
+
+
+def accuracy_summary(outcomes: Sequence[Outcome]) -> str:
+    """Per configuration over the seeds: speed-up to the synchronous best, final held-out."""
+    sync = {o.seed: o for o in outcomes if o.staleness == 0}
+    lines = ["| max_staleness | seeds | reached | time to sync best x sync | final held-out |",
+             "|---|---:|---:|---:|---:|"]
+    for staleness in dict.fromkeys(o.staleness for o in outcomes):
+        runs = [o for o in outcomes if o.staleness == staleness]
+        ratios = []
+        for o in runs:
+            target = max(sync[o.seed].heldout)
+            reached, base = time_to(o, target), time_to(sync[o.seed], target)
+            if reached and base:
+                ratios.append(base / reached)
+        lines.append(f"| {staleness} | {len(runs)} | {len(ratios)} | {spread(ratios)} | "
+                     f"{spread([o.heldout[-1] for o in runs])} |")
+    return "\n".join(lines)
 
 
 def table(outcomes: Sequence[Outcome]) -> str:
@@ -249,7 +331,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--staleness", type=int, nargs="+", default=list(STALENESS),
                         help="max_staleness values; 0 (synchronous) is always run first")
     parser.add_argument("--repeats", type=int, default=1, help="runs per configuration")
+    parser.add_argument("--time-to-accuracy", action="store_true",
+                        help="score every step's weights; time to the synchronous best")
     args = parser.parse_args(argv)
+    if args.time_to_accuracy and not args.eval:
+        parser.error("--time-to-accuracy scores weights on --eval samples: give --eval > 0")
     LognormalAnswerAgent.median_s, LognormalAnswerAgent.sigma = args.median, args.sigma
     plugins.register(plugins.AGENTS, LognormalAnswerAgent.name, LognormalAnswerAgent)
 
@@ -280,6 +366,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.repeats > 1:
         print()
         print(summary(outcomes))
+    if args.time_to_accuracy:
+        print()
+        print(accuracy_table(outcomes))
+        print()
+        print(accuracy_summary(outcomes))
 
 
 if __name__ == "__main__":

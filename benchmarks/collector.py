@@ -7,13 +7,15 @@
    real: LLM sessions with chat rendering, the HTTP client, the collector, the Parquet store.
 2. The floor at each concurrency: as many bare `InferenceClient.complete` calls as the agents
    made steps, at the same concurrency, to the same server, with prompts of the agents' mean
-   prompt length, and no session, agent, sandbox or store. An absolute steps/s says little on a
+   prompt length (the head of one of their prompts: real ids, as costly to send), and no
+   session, agent, sandbox or store. An absolute steps/s says little on a
    noisy 2-core machine; the fraction steps/s / floor requests/s is what the framework keeps of
    what the client and server allow. Target: >= 0.5 at concurrency 16.
 3. Rollouts/min end to end: Terminus with the embedded SmolLM2 server on demo tasks in local
    sandboxes (2 turns of 32 tokens each).
 
-Run: .venv/bin/python benchmarks/collector.py   (a few minutes on 2 cores)
+Run: .venv/bin/python benchmarks/collector.py [RUNS]   (a few minutes on 2 cores; default 3 runs)
+Writes benchmarks/results/collector.md.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import asyncio
 import json
 import multiprocessing
 import socket
+import sys
 import tempfile
 import time
 from multiprocessing.process import BaseProcess
@@ -44,6 +47,7 @@ from skyrl_agent.tasks import resolve_tasks
 
 STEPS_PER_ROLLOUT = 50
 MAX_TOKENS = 256
+RESULTS = Path(__file__).parent / "results" / "collector.md"
 REPLY = json.dumps({"analysis": "a", "plan": "p", "commands": [{"keystrokes": "ls\n",
                                                                   "duration": 0}],
                     "task_complete": False})
@@ -111,8 +115,10 @@ def instant_server(reply_ids: list[int]) -> tuple[BaseProcess, str]:
 
 
 async def agent_steps(concurrency: int, tokenizer,
-                      client: InferenceClient) -> tuple[int, int, float]:
-    """(steps, mean prompt tokens, seconds) of concurrency x 50-step Terminus rollouts."""
+                      client: InferenceClient) -> tuple[int, list[int], float]:
+    """(steps, a prompt of the mean prompt length, seconds) of concurrency x 50-step Terminus
+    rollouts. The prompt is the head of a real one: its ids cost what the agents' cost to send
+    (a JSON body of 5-digit ids is twice one of 1-digit ids)."""
     config = RunConfig.model_validate({
         "sandbox": {"backend": "noop"}, "agent": {"max_turns": STEPS_PER_ROLLOUT},
         "inference": {"max_tokens": MAX_TOKENS},
@@ -132,7 +138,9 @@ async def agent_steps(concurrency: int, tokenizer,
         elapsed = time.perf_counter() - started
         store.close()
     turns = [turn for g in results for t in g.trajectories for s in t.segments for turn in s.turns]
-    return len(turns), sum(len(turn.prompt_ids) for turn in turns) // max(1, len(turns)), elapsed
+    mean = sum(len(turn.prompt_ids) for turn in turns) // max(1, len(turns))
+    longest = max((turn.prompt_ids for turn in turns), key=len, default=())
+    return len(turns), list(longest[:mean]), elapsed
 
 
 async def floor(requests: int, concurrency: int, prompt: list[int],
@@ -155,10 +163,9 @@ async def floor(requests: int, concurrency: int, prompt: list[int],
 async def overhead(concurrency: int, tokenizer, url: str) -> tuple[float, float]:
     """(agent steps/s, floor requests/s) at one concurrency, through one client."""
     async with InferenceClient([url]) as client:
-        steps, prompt_len, elapsed = await agent_steps(concurrency, tokenizer, client)
+        steps, prompt, elapsed = await agent_steps(concurrency, tokenizer, client)
         if steps != concurrency * STEPS_PER_ROLLOUT:  # a rollout failed: the rate would lie
             raise RuntimeError(f"{steps} steps, not {concurrency * STEPS_PER_ROLLOUT}")
-        prompt = [tokenizer.eos_token_id] * prompt_len  # what goes on the wire, not its meaning
         floor_s = await floor(steps, concurrency, prompt, client)
     return steps / elapsed, steps / floor_s
 
@@ -181,23 +188,40 @@ async def rollouts_per_minute(count: int) -> float:
 
 
 def main() -> None:
+    runs = int(sys.argv[1]) if len(sys.argv) > 1 else 3
     plugins.register(plugins.SANDBOXES, "noop", NoopSandbox)
     tokenizer = AutoTokenizer.from_pretrained(resolve_model("smollm2-135m"))
     server, url = instant_server(
         [*tokenizer.encode(REPLY, add_special_tokens=False), tokenizer.eos_token_id])
+    rows = []
     try:
         asyncio.run(overhead(2, tokenizer, url))  # warm-up: first-use imports (pandas via Arrow)
-        rates = {c: asyncio.run(overhead(c, tokenizer, url)) for c in (1, 16, 64)}
+        for run in range(1, runs + 1):
+            for concurrency in (1, 16, 64):
+                steps, bare = asyncio.run(overhead(concurrency, tokenizer, url))
+                rows.append((run, concurrency, steps, bare))
+                print(f"run {run}, concurrency {concurrency}: {steps:.0f} steps/s, floor "
+                      f"{bare:.0f} requests/s, fraction {steps / bare:.2f}", flush=True)
     finally:
         server.terminate()
-    print(f"\nframework overhead: Terminus, instant replies, no-op sandbox, "
-          f"{STEPS_PER_ROLLOUT} steps per rollout; floor: bare client requests, same server")
-    print(f"{'concurrency':>11} {'steps/s':>9} {'floor req/s':>12} {'fraction':>9}")
-    for concurrency, (steps, bare) in rates.items():
-        print(f"{concurrency:>11} {steps:9.0f} {bare:12.0f} {steps / bare:9.2f}")
     per_minute = asyncio.run(rollouts_per_minute(4))
-    print(f"\nend to end with the embedded SmolLM2 (4 demo tasks, 2 turns x 32 tokens, "
-          f"local sandboxes): {per_minute:.1f} rollouts/min")
+    at_16 = [steps / bare for _, concurrency, steps, bare in rows if concurrency == 16]
+    lines = ["# Collector overhead against the bare client", "",
+             f"`benchmarks/collector.py {runs}`: Terminus, {STEPS_PER_ROLLOUT}-step rollouts, "
+             "instant-reply server, no-op sandbox; floor: as many bare `InferenceClient.complete` "
+             "calls (the head of a real prompt, of the agents' mean prompt length) at the same "
+             "concurrency to the same server in the same run. Fraction = steps/s / floor "
+             "requests/s; target >= 0.5 at concurrency 16.", "",
+             "| run | concurrency | steps/s | floor req/s | fraction |",
+             "|---|---:|---:|---:|---:|",
+             *(f"| {run} | {c} | {steps:.0f} | {bare:.0f} | {steps / bare:.2f} |"
+               for run, c, steps, bare in rows), "",
+             f"At concurrency 16: fractions {', '.join(f'{f:.2f}' for f in at_16)} "
+             f"({'met' if min(at_16) >= 0.5 else 'NOT met'} in every run).", "",
+             f"End to end with the embedded SmolLM2 (4 demo tasks, 2 turns x 32 tokens, local "
+             f"sandboxes): {per_minute:.1f} rollouts/min.", ""]
+    RESULTS.write_text("\n".join(lines))
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -194,6 +194,8 @@ class CollectorConfig(_Section):
     n_samples_per_task: int = Field(default=1, gt=0)
     """Group size n: samples per task (`rollout --n`)."""
     max_concurrent_sandboxes: int = Field(default=8, gt=0)
+    """Most sandboxes alive at once (stopping ones count until stopped), hence most episodes
+    at once. A verifier's sandbox is started while its agent works only when one is spare."""
     max_inflight_requests: int = Field(default=32, gt=0)
     """Most model calls in flight across all rollouts."""
     sandbox_start_timeout_s: float = Field(default=900.0, gt=0)

@@ -73,8 +73,9 @@ async def _drain(main: asyncio.Task[Any]) -> None:
     """Let clean-ups still running elsewhere finish (e.g. a sandbox's shielded stop(), left
     running on its own when its episode was cancelled during it): asyncio.run would cancel them
     halfway once the main task ends, whether by a cancel or by an error such as RunStopped."""
-    others = [task for task in asyncio.all_tasks() if task is not main]
-    await asyncio.gather(*others, return_exceptions=True)
+    # Until none is left: a clean-up may start another (a sandbox released in the background).
+    while others := [task for task in asyncio.all_tasks() if task is not main]:
+        await asyncio.gather(*others, return_exceptions=True)
 
 
 def in_child[T](function: Callable[..., T], *args: Any, log_file: Path | None = None) -> T:

@@ -32,6 +32,12 @@ class Recorded:
         self.started.append((time.monotonic(), spec))
         return sandbox
 
+    async def acquire_spare(self, spec: SandboxSpec) -> Sandbox | None:
+        sandbox = await self.pool.acquire_spare(spec)
+        if sandbox is not None:
+            self.started.append((time.monotonic(), spec))
+        return sandbox
+
     async def release(self, sandbox: Sandbox) -> None:
         await self.pool.release(sandbox)
 
@@ -173,3 +179,28 @@ def test_clearing_from_the_host_never_follows_a_link_out_of_the_sandbox(tmp_path
     assert clear_on_host(root, ["/usr/lib", "/app/escape/data", "/app"]) == [
         "/usr/lib", "/app/escape/data"]
     assert not (root / "app").exists() and (outside / "data" / "precious").exists()
+
+
+async def test_a_bounded_pool_counts_a_sandbox_until_stopped_and_spares_only_a_free_slot(
+        work_root):
+    config = SandboxConfig(work_root=work_root)
+    spec = SandboxSpec.from_task(find_task("demo/word-count"), config)
+    pool = SandboxPool(config, size=0, stop_in_background=True, limit=1)
+    try:
+        held = await pool.acquire(spec)
+        assert await pool.acquire_spare(spec) is None  # the only slot is taken
+        await pool.release(held)
+        assert await pool.acquire_spare(spec) is None  # still stopping: still counted
+        await asyncio.gather(*pool._stops)
+        spare = await pool.acquire_spare(spec)
+        assert spare is not None
+        waiting = asyncio.create_task(pool.acquire(spec))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()  # the bound holds
+        await pool.release(spare)
+        needed = await waiting  # the freed slot goes to who waits, never to a spare start
+        assert await pool.acquire_spare(spec) is None
+        await pool.release(needed)
+    finally:
+        await pool.close()
+    assert list(work_root.iterdir()) == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 
 import pytest
 from transformers import AutoTokenizer
@@ -52,6 +53,50 @@ def test_a_truncated_completion_is_closed_before_new_messages(tokenizer):
     cut = tokenizer.encode("ls -", add_special_tokens=False)  # no end-of-turn token sampled
     added = tokenizer.decode(renderer.extend(cut, [{"role": "user", "content": "go on"}]))
     assert added.startswith(tokenizer.eos_token + "\n<|im_start|>user\ngo on")
+
+
+def test_plain_messages_are_written_from_a_learned_shape_as_the_template_writes_them(tokenizer):
+    renderer = ChatRenderer(tokenizer)
+    shape = renderer.role_shape("user")
+    assert shape is not None and shape.before == "<|im_start|>user\n"
+    contents = ["ok", " $ ls\n\ta  b ", "{% if x %}{{ y }}", "\u00e9\n\n<|im_start|>", ""]
+    for messages in ([{"role": "user", "content": c}] for c in contents):
+        assert renderer.new_messages(messages) == renderer._rendered_after_reply(messages)
+    several = [{"role": "tool", "content": c} for c in contents]
+    assert renderer.new_messages(several) == renderer._rendered_after_reply(several)
+    renderer._text = None  # learned: no template render for plain messages any more
+    assert renderer.new_messages([{"role": "user", "content": "x"}]).startswith(shape.before)
+
+
+WRAPPED = ("{% for m in messages %}<{{ m['role'] }}>BODY</{{ m['role'] }}>{% endfor %}"
+           "{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
+@pytest.mark.parametrize("body", [
+    "{{ m['content'] | trim }}",
+    "{% if m['content'].startswith('<tool_response>') %}[tool]{% endif %}{{ m['content'] }}",
+    "{{ m['content'] | replace('<think>', '') }}",
+    "{% if m['content'] %}{{ m['content'] }}{% else %}(empty){% endif %}",
+], ids=["trims", "branches-on-tool-responses", "rewrites", "branches-on-empty"])
+def test_a_template_that_changes_a_content_gets_no_shape_and_is_rendered(tokenizer, body):
+    custom = copy.deepcopy(tokenizer)
+    custom.chat_template = WRAPPED.replace("BODY", body)
+    renderer = ChatRenderer(custom)
+    assert renderer.role_shape("user") is None
+    message = [{"role": "user", "content": "  <tool_response>x</tool_response> "}]
+    assert renderer.new_messages(message) == renderer._rendered_after_reply(message)
+
+
+def test_a_message_with_more_than_a_role_and_a_text_is_rendered_by_the_template(tokenizer):
+    renderer = ChatRenderer(tokenizer)
+    assert renderer.role_shape("tool") is not None
+    rendered, real = [], renderer._text
+    renderer._text = lambda messages, prompt: rendered.append(messages) or real(messages, prompt)
+    renderer.new_messages([{"role": "tool", "content": "x", "name": "run"}])
+    renderer.new_messages([{"role": "tool", "content": "x"}, {"role": "user", "content": "y"}])
+    assert len(rendered) == 2  # neither took a shape: one has a name, the other two roles
+    renderer.new_messages([{"role": "tool", "content": "x"}])
+    assert len(rendered) == 2
 
 
 def test_templates_without_chat_support_are_refused(tokenizer, tiny_model_dir):

@@ -238,9 +238,74 @@ def test_every_dataclass_field_has_a_column():
     reward_columns = {"reward", "reward_components", "reward_reason"}  # Reward, flattened
     trajectory = {f.name for f in dataclasses.fields(Trajectory)} - {"reward"} | reward_columns
     assert set(SCHEMA.names) == trajectory | set(DERIVED_COLUMNS)
-    assert names(TURN) == {f.name for f in dataclasses.fields(Turn)}
+    # prompt_shared is how much of its prompt a turn takes from the previous one (schema.py).
+    assert names(TURN) == {f.name for f in dataclasses.fields(Turn)} | {"prompt_shared"}
     assert names(SEGMENT) == {f.name for f in dataclasses.fields(Segment)}
     # Reward's fields: value, components, reason as the reward_* columns; verify_time_s is read
     # back from the trajectory's column of that name.
     assert {f.name for f in dataclasses.fields(Reward)} == {
         "value", "components", "reason", "verify_time_s"}
+
+
+def _raw_turns(path):
+    return [turn for row in pq.read_table(path).to_pylist() for segment in row["segments"]
+            for turn in segment["turns"]]
+
+
+def test_a_turn_stores_only_the_prompt_ids_it_adds(tmp_path):
+    base = make_trajectory("demo/a", 0)
+    turn, follow = base.segments[0].turns
+    rewritten = Turn(prompt_ids=(9, 9), completion_ids=(8,), completion_logprobs=(-1.0,),
+                     loss_mask=(1,), policy_version=3, finish_reason=FinishReason.STOP)
+    trajectory = Trajectory("demo/a", 0, "terminus", (Segment((turn, follow, rewritten)),),
+                            Reward(1.0), FinishReason.STOP)
+    store = TrajectoryStore(tmp_path, writable=True)
+    shard = store.append([trajectory])
+    stored = [(t["prompt_shared"], t["prompt_ids"]) for t in _raw_turns(shard)]
+    # The first turn and one that does not extend the history are whole; a follow-up is not.
+    assert stored == [(0, [1, 2, 3]), (5, [6]), (0, [9, 9])]
+    assert store.load().trajectories == [trajectory]
+
+
+def test_a_shard_of_whole_prompts_reads_the_same(tmp_path):
+    import pyarrow as pa
+
+    from skyrl_agent.data import schema
+
+    def without_shared(struct_type):  # the schema as it was before prompts were shared
+        fields = [f for f in struct_type if f.name != "prompt_shared"]
+        return pa.struct([pa.field(f.name, _old(f.type)) for f in fields])
+
+    def _old(kind):
+        if pa.types.is_list(kind):
+            return pa.list_(_old(kind.value_type))
+        return without_shared(kind) if pa.types.is_struct(kind) else kind
+
+    old_schema = pa.schema([pa.field(f.name, _old(f.type)) for f in schema.SCHEMA])
+    trajectory = make_trajectory("demo/a", 0)
+    row = schema.to_row(trajectory)
+    for segment, original in zip(row["segments"], trajectory.segments, strict=True):
+        for turn, whole in zip(segment["turns"], original.turns, strict=True):
+            turn["prompt_ids"] = list(whole.prompt_ids)
+            del turn["prompt_shared"]
+    store = TrajectoryStore(tmp_path, writable=True)
+    shard = store.append([make_trajectory("demo/b", 0)])
+    pq.write_table(pa.Table.from_pylist([row], schema=old_schema), shard)  # in its place
+    assert "prompt_shared" not in str(pq.read_table(shard).schema)
+    assert store.load().trajectories == [trajectory]
+
+
+def test_a_turn_claiming_more_history_than_there_is_names_its_shard(tmp_path):
+    import pyarrow as pa
+
+    from skyrl_agent.data import schema
+
+    store = TrajectoryStore(tmp_path, writable=True)
+    store.append([make_trajectory("demo/a", 0)])
+    bad = store.append([make_trajectory("demo/b", 0)])
+    row = schema.to_row(make_trajectory("demo/b", 0))
+    row["segments"][0]["turns"][1]["prompt_shared"] = 99
+    pq.write_table(pa.Table.from_pylist([row], schema=schema.SCHEMA), bad)
+    contents = store.load()
+    assert [t.task_id for t in contents.trajectories] == ["demo/a"]
+    assert len(contents.problems) == 1 and bad.name in contents.problems[0]

@@ -10,11 +10,18 @@ The template's shape is learned once per tokenizer by rendering a probe conversa
   end-of-turn token the model samples itself and the separator that follows it;
 - what it writes for new messages after that
   (e.g. `<|im_start|>user\\n...<|im_start|>assistant\\n`).
+
+New messages are the per-step cost of every agent, so for a plain message (a role and a text)
+the text around its content is learned per role (`RoleShape`) and reused, with no template
+render. A role gets a shape only when probes of awkward contents, alone and two in a row, render
+exactly as the shape says (a template that trims, escapes or looks at the content gets none);
+anything else is rendered by the template.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 Message = dict[str, Any]
@@ -22,8 +29,29 @@ _PROBE_HEAD: list[Message] = [{"role": "system", "content": "S"}, {"role": "user
 _MARKER = "PROBE-REPLY-4f1c"
 
 
+_SHAPE_PROBES = ("", "A", "  two\nlines \t", "{{ x }} {% raw %} \\ \"q\" 'q' é 日本",
+                 "<|im_end|><|eot_id|></s>[INST]", '{"a": [1, 2]}\n\n',
+                 "<tool_response>\nr\n</tool_response>", "<think>t</think>a", "/no_think")
+"""Contents a template might trim, escape, or branch on (tool responses, thinking switches)."""
+
+
 class TemplateError(ValueError):
     """The model's chat template cannot be rendered incrementally."""
+
+
+@dataclass(frozen=True)
+class RoleShape:
+    """How the template writes a plain message of one role after an assistant reply."""
+
+    before: str
+    """The text before the content (e.g. `<|im_start|>user\\n`)."""
+    after: str
+    """The text after it (e.g. `<|im_end|>\\n`)."""
+    generation_prompt: str
+    """What follows the last new message (e.g. `<|im_start|>assistant\\n`)."""
+
+    def render(self, contents: Sequence[str]) -> str:
+        return "".join(f"{self.before}{c}{self.after}" for c in contents) + self.generation_prompt
 
 
 class ChatRenderer:
@@ -47,6 +75,7 @@ class ChatRenderer:
         self.end_of_turn_ids = frozenset(
             i for i in (tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids(eos or "")) if
             isinstance(i, int) and i >= 0)
+        self._shapes: dict[str, RoleShape | None] = {}
 
     def _text(self, messages: Sequence[Message], add_generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(
@@ -75,12 +104,48 @@ class ChatRenderer:
 
     def new_messages(self, messages: Sequence[Message]) -> str:
         """The template's text for `messages` following an assistant reply, plus the prompt."""
+        roles = {message.get("role") for message in messages}
+        if len(roles) == 1 and all(_plain(message) for message in messages):
+            shape = self.role_shape(str(messages[0]["role"]))
+            if shape is not None:
+                return shape.render([message["content"] for message in messages])
+        return self._rendered_after_reply(messages)
+
+    def _rendered_after_reply(self, messages: Sequence[Message],
+                              add_generation_prompt: bool = True) -> str:
         probe = [*_PROBE_HEAD, {"role": "assistant", "content": _MARKER}]
-        full = self._text([*probe, *messages], True)
+        full = self._text([*probe, *messages], add_generation_prompt)
         if not full.startswith(self._probe):
             raise TemplateError("the chat template rewrites earlier messages when new ones "
                                 "follow; it cannot be rendered incrementally")
         return full[len(self._probe):]
+
+    def role_shape(self, role: str) -> RoleShape | None:
+        """The learned shape of a plain `role` message, or None when the template does not
+        write every probe content verbatim between the same two texts (learned once)."""
+        if role not in self._shapes:
+            self._shapes[role] = self._learn_shape(role)
+        return self._shapes[role]
+
+    def _learn_shape(self, role: str) -> RoleShape | None:
+        try:
+            alone = self._rendered_after_reply([{"role": role, "content": _MARKER}], False)
+            prompted = self._rendered_after_reply([{"role": role, "content": _MARKER}])
+        except Exception:  # noqa: BLE001 - a template that refuses the role: no shape
+            return None
+        if alone.count(_MARKER) != 1 or not prompted.startswith(alone):
+            return None
+        before, after = alone.split(_MARKER)
+        shape = RoleShape(before, after, prompted[len(alone):])
+        cases = [[c] for c in _SHAPE_PROBES] + [list(_SHAPE_PROBES[1:3]), ["", "A"]]
+        for contents in cases:
+            messages = [{"role": role, "content": c} for c in contents]
+            try:
+                if self._rendered_after_reply(messages) != shape.render(contents):
+                    return None
+            except Exception:  # noqa: BLE001 - e.g. a template that refuses empty content
+                return None
+        return shape
 
     def full(self, messages: Sequence[Message]) -> list[int]:
         """A from-scratch rendering of the whole conversation (for the drift metric only),
@@ -89,3 +154,8 @@ class ChatRenderer:
         if self.separator and text.endswith(self.separator):
             text = text[: -len(self.separator)]
         return self._encode(text)
+
+
+def _plain(message: Message) -> bool:
+    """A message of only a role and a text content (what a RoleShape can write)."""
+    return message.keys() == {"role", "content"} and isinstance(message["content"], str)

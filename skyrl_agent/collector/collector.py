@@ -3,8 +3,8 @@
 Each sample is one coroutine that starts its sandbox, runs the agent and verifies, so the phases
 of different samples overlap instead of running phase by phase. Bounds: live sandboxes
 (`max_concurrent_sandboxes`) and model calls in flight (`max_inflight_requests`). A finished
-trajectory is in the store (fsynced) before anyone else sees it; a resumed run skips the samples
-the store already holds.
+trajectory is in the store (fsynced; those finishing together in one write: appends.py) before
+anyone else sees it; a resumed run skips the samples the store already holds.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from skyrl_agent.agents.base import Agent
 from skyrl_agent.agents.session import LLMSession
+from skyrl_agent.collector.appends import GroupCommit
 from skyrl_agent.collector.policy import FailurePolicy
 from skyrl_agent.collector.rollout import SessionFactory, make_agent, run_rollout
 from skyrl_agent.config import RunConfig
@@ -55,9 +56,11 @@ class Collector:
         self._sessions = self._bounded(sessions) if sessions else None
         self.sandboxes = SandboxPool(config.sandbox, size=config.sandbox.warm_pool,
                                      start_timeout_s=config.collector.sandbox_start_timeout_s,
-                                     stop_in_background=True)
+                                     stop_in_background=True,
+                                     limit=config.collector.max_concurrent_sandboxes)
         """Where samples get their sandboxes: the warm pool (size 0 = a fresh one each)."""
         self._stored: dict[tuple[str, int], Trajectory] | None = None
+        self._appends = GroupCommit(store)
 
     def _bounded(self, sessions: SessionFactory) -> SessionFactory:
         def factory(agent: Agent, session_id: str) -> LLMSession:
@@ -108,7 +111,7 @@ class Collector:
                 break
             retries += 1
         trajectory = self.policy.finalize(trajectory, retries)
-        await asyncio.to_thread(self.store.append, [trajectory])  # on disk before handed on
+        await self._appends.append(trajectory)  # on disk before handed on
         self.on_trajectory(trajectory)
         return trajectory
 

@@ -7,6 +7,7 @@ infrastructure failures, unsupported environments); the collector applies the ru
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import time
@@ -85,24 +86,41 @@ async def run_rollout(task: TaskSpec, sample_index: int, agent: Agent, config: R
     timeout = config.agent.timeout_s or task.agent_timeout_s
     source = sandboxes or fresh_sandboxes(config.sandbox, config.collector.sandbox_start_timeout_s)
 
+    measuring: list[asyncio.Future[dict[str, float]]] = []
+
     async def act(env: Env) -> AgentOutcome:
-        return await run_agent(agent, env, session, timeout)
+        try:
+            return await run_agent(agent, env, session, timeout)
+        finally:  # sampling is over: its metrics (a full re-render) are made while it verifies
+            if session is not None:
+                measuring.append(asyncio.ensure_future(asyncio.to_thread(session.metrics)))
 
     try:
         episode = await run_episode(task, act, source, config.verifier, keep_state)
     finally:
         if session is not None:
             session.close()
-    return _trajectory(task, sample_index, agent, session, episode)
+    session_metrics = {} if session is None else await _measured(measuring, session)
+    return _trajectory(task, sample_index, agent, session, episode, session_metrics)
+
+
+async def _measured(measuring: list[asyncio.Future[dict[str, float]]],
+                    session: LLMSession) -> dict[str, float]:
+    """The session's metrics as measured in a thread while the episode verified; made here
+    when there was no agent phase, or when that failed (a measure never costs a sample)."""
+    if measuring:
+        try:
+            return await measuring[0]
+        except Exception as exc:  # noqa: BLE001 - e.g. the tokenizer busy in another thread
+            log.warning("session metrics failed in a thread (%s); measured again", exc)
+    return session.metrics()
 
 
 def _trajectory(task: TaskSpec, sample_index: int, agent: Agent, session: LLMSession | None,
-                episode: EpisodeResult) -> Trajectory:
+                episode: EpisodeResult, session_metrics: dict[str, float]) -> Trajectory:
     outcome = episode.outcome
-    metrics: dict[str, Any] = {**outcome.metrics,
+    metrics: dict[str, Any] = {**session_metrics, **outcome.metrics,
                                "verified_separately": float(episode.mode == SEPARATE)}
-    if session is not None:
-        metrics = {**session.metrics(), **metrics}
     masked = outcome.failure in MASKED_FAILURES
     return Trajectory(
         task_id=task.name, sample_index=sample_index, agent=agent.name,

@@ -2,6 +2,12 @@
 
 Nested columns (segments -> turns) are plain Arrow structs, so pyarrow, pandas and Hugging Face
 `datasets` read the shards directly.
+
+A segment's prompts extend each other (turn k+1's prompt starts with turn k's prompt and
+completion), so a turn stores only the prompt ids it adds: its full prompt is the first
+`prompt_shared` ids of the previous turn's prompt + completion, then `prompt_ids`. Stored whole,
+a 50-turn episode would write its context 50 times over. Shards written before this have no
+`prompt_shared` (whole prompts) and read the same.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ ROUTED_EXPERTS = pa.struct([
 
 TURN = pa.struct([
     ("prompt_ids", pa.list_(pa.int32())),
+    ("prompt_shared", pa.int32()),
     ("completion_ids", pa.list_(pa.int32())),
     ("completion_logprobs", pa.list_(pa.float32())),
     ("loss_mask", pa.list_(pa.int8())),
@@ -74,9 +81,20 @@ def _mapping(entries: list[dict[str, Any]] | str) -> dict[str, float]:
     return {entry["name"]: entry["value"] for entry in entries}
 
 
-def _turn_row(turn: Turn) -> dict[str, Any]:
+def _turn_rows(turns: tuple[Turn, ...]) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    history: tuple[int, ...] = ()
+    for turn in turns:
+        shared = len(history) if turn.prompt_ids[: len(history)] == history else 0
+        rows.append(_turn_row(turn, shared))
+        history = turn.prompt_ids + turn.completion_ids
+    return rows
+
+
+def _turn_row(turn: Turn, shared: int) -> dict[str, Any]:
     return {
-        "prompt_ids": list(turn.prompt_ids), "completion_ids": list(turn.completion_ids),
+        "prompt_ids": list(turn.prompt_ids[shared:]), "prompt_shared": shared,
+        "completion_ids": list(turn.completion_ids),
         "completion_logprobs": list(turn.completion_logprobs), "loss_mask": list(turn.loss_mask),
         "policy_version": turn.policy_version,
         "token_policy_versions": None if turn.token_policy_versions is None
@@ -101,15 +119,28 @@ def to_row(t: Trajectory) -> dict[str, Any]:
         "exec_time_s": t.exec_time_s, "handover_time_s": t.handover_time_s,
         "stop_time_s": t.stop_time_s, "framework_time_s": t.framework_time_s,
         "total_time_s": t.total_time_s, "metrics": _numbers(t.metrics),
-        "segments": [{"turns": [_turn_row(turn) for turn in s.turns],
+        "segments": [{"turns": _turn_rows(s.turns),
                       "summary_turn_index": s.summary_turn_index} for s in t.segments]}
 
 
-def _turn(row: dict[str, Any]) -> Turn:
+def _turns(rows: list[dict[str, Any]]) -> tuple[Turn, ...]:
+    turns: list[Turn] = []
+    history: tuple[int, ...] = ()
+    for row in rows:
+        shared = row.get("prompt_shared") or 0
+        if not 0 <= shared <= len(history):
+            raise ValueError(f"a turn shares {shared} ids with a history of {len(history)}")
+        turns.append(_turn(row, history[:shared]))
+        history = turns[-1].prompt_ids + turns[-1].completion_ids
+    return tuple(turns)
+
+
+def _turn(row: dict[str, Any], shared: tuple[int, ...]) -> Turn:
     versions = row["token_policy_versions"]
     experts = row["routed_experts"]
     return Turn(
-        prompt_ids=tuple(row["prompt_ids"]), completion_ids=tuple(row["completion_ids"]),
+        prompt_ids=shared + tuple(row["prompt_ids"]),
+        completion_ids=tuple(row["completion_ids"]),
         completion_logprobs=tuple(row["completion_logprobs"]),
         loss_mask=tuple(row["loss_mask"]), policy_version=row["policy_version"],
         finish_reason=FinishReason(row["finish_reason"]), started_at=row["started_at"],
@@ -128,7 +159,7 @@ def _routed_experts(value: Any) -> RoutedExperts | None:
 def from_row(row: dict[str, Any]) -> Trajectory:
     reward = Reward(value=row["reward"], components=_mapping(row["reward_components"]),
                     reason=row["reward_reason"], verify_time_s=row["verify_time_s"])
-    segments = tuple(Segment(tuple(_turn(t) for t in s["turns"]), s["summary_turn_index"])
+    segments = tuple(Segment(_turns(s["turns"]), s["summary_turn_index"])
                      for s in row["segments"])
     return Trajectory(
         task_id=row["task_id"], sample_index=row["sample_index"], agent=row["agent"],

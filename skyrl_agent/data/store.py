@@ -113,12 +113,11 @@ class TrajectoryStore:
         for name in sorted(self._shards):
             path = self.folder / name
             try:
-                rows = pq.read_table(path).to_pylist()
+                read = [from_row(row) for row in pq.read_table(path).to_pylist()]
             except (OSError, ValueError) as exc:  # pyarrow's errors derive from these
                 problems.append(f"{path}: unreadable shard ({type(exc).__name__}: {exc})")
                 continue
-            for row in rows:
-                trajectory = from_row(row)
+            for trajectory in read:
                 found.setdefault((trajectory.task_id, trajectory.sample_index), trajectory)
         ordered = [found[k] for k in sorted(found)]
         return StoreContents(ordered, problems)

@@ -109,6 +109,8 @@ class SandboxSource(Protocol):
 
     async def acquire(self, spec: SandboxSpec) -> Sandbox: ...
 
+    async def acquire_spare(self, spec: SandboxSpec) -> Sandbox | None: ...
+
     async def release(self, sandbox: Sandbox) -> None: ...
 
 
@@ -163,21 +165,30 @@ async def run_episode(task: TaskSpec, act: Act, sandboxes: SandboxSource,
             saving.append(asyncio.ensure_future(
                 asyncio.to_thread(atomic_write_bytes, keep_state, bundle)))
 
+    released = False
+
+    async def release_agents() -> None:
+        nonlocal released
+        if not released:
+            released, stopping = True, time.monotonic()
+            await sandboxes.release(sandbox)
+            clock.stop = time.monotonic() - stopping
+
     try:
         verdict, outcome = await _in_sandbox(task, act, sandbox, verifier, paths, mode, keep,
                                              clock)
         if isinstance(verdict, bytes):  # collected: the tests run in a fresh sandbox
-            grading, pending = grade(task, verdict, sandboxes, prestarted=pending), None
             handing_over = time.monotonic()
-            verdict, outcome = await _guarded(grading, outcome)
+            spare, pending = await _spare(pending), None
+            if spare is None:  # none could be started ahead: ours stops first, as it did
+                await release_agents()
+            verdict, outcome = await _guarded(grade(task, verdict, sandboxes, spare), outcome)
             # All of grading but the tests is hand-over: the verifier's sandbox and the restore.
-            grading_s = time.monotonic() - handing_over
+            grading_s = time.monotonic() - handing_over - clock.stop
             clock.handover += max(0.0, grading_s - verdict.verify_time_s)
     finally:
         # Its processes died at the hand-over; stopped now, its stop does not compete with it.
-        stopping = time.monotonic()
-        await sandboxes.release(sandbox)
-        clock.stop = time.monotonic() - stopping
+        await release_agents()
         if pending is not None:  # not graded: the agent failed, or the run was cancelled
             await asyncio.shield(_discard(pending, sandboxes))
         for save in saving:  # a failed write raises here, as it would have before the tests
@@ -186,15 +197,27 @@ async def run_episode(task: TaskSpec, act: Act, sandboxes: SandboxSource,
 
 
 def _prestart_verifier(task: TaskSpec, agent_spec: SandboxSpec,
-                       sandboxes: SandboxSource) -> asyncio.Task[Sandbox]:
-    """The verifier's sandbox, started while the agent works. It waits at most as long as the
-    agent's sandbox may live, so that wait is added to its deadline."""
+                       sandboxes: SandboxSource) -> asyncio.Task[Sandbox | None]:
+    """The verifier's sandbox, started while the agent works when a sandbox is spare (None
+    when not). It waits at most as long as the agent's sandbox may live, so that wait is added
+    to its deadline."""
     spec = SandboxSpec.from_task(verifier_task(task), sandboxes.config)
     waiting = dataclasses.replace(spec, deadline_s=spec.deadline_s + agent_spec.deadline_s)
-    return asyncio.create_task(sandboxes.acquire(waiting))
+    return asyncio.create_task(sandboxes.acquire_spare(waiting))
 
 
-async def _discard(pending: asyncio.Task[Sandbox], sandboxes: SandboxSource) -> None:
+async def _spare(pending: asyncio.Task[Sandbox | None] | None) -> Sandbox | None:
+    """The pre-started verifier's sandbox; None when there is none (not started, or its start
+    failed: grading starts one the usual way, and says so if that fails too)."""
+    if pending is None:
+        return None
+    try:
+        return await pending
+    except (SandboxError, UnsupportedEnvironment):
+        return None
+
+
+async def _discard(pending: asyncio.Task[Sandbox | None], sandboxes: SandboxSource) -> None:
     """Stop a pre-started sandbox that will not be used, started or still starting (a
     cancelled start stops what it made: SandboxPool._start)."""
     pending.cancel()
@@ -256,16 +279,16 @@ async def _guarded(verifying: Awaitable[Reward],
 
 
 async def grade(task: TaskSpec, bundle: bytes, sandboxes: SandboxSource,
-                prestarted: Awaitable[Sandbox] | None = None) -> Reward:
+                started: Sandbox | None = None) -> Reward:
     """Separate-mode verification: a fresh sandbox from the pristine environment (the task's
-    `[verifier.environment]` when it has one; `prestarted` when one was started ahead), the
+    `[verifier.environment]` when it has one; `started` when one was started ahead), the
     bundle restored, the tests run. Re-grading a stored final state is this same call. Raises
     SandboxError when that sandbox cannot start (infrastructure); any later failure is reward
     0 with a reason."""
     spec = SandboxSpec.from_task(verifier_task(task), sandboxes.config)
     paths = artifact_paths(task, SandboxSpec.from_task(task, sandboxes.config).workdir)
     try:
-        sandbox = await (prestarted or sandboxes.acquire(spec))
+        sandbox = started or await sandboxes.acquire(spec)
     except SandboxError as exc:  # raised on: retrying may help, the agent did nothing wrong
         raise SandboxError(f"the verifier's sandbox did not start: {exc}") from None
     try:

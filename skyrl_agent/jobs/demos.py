@@ -69,7 +69,8 @@ class DemoJob:
         tokenizer = await asyncio.to_thread(load_tokenizer, config)
         pool = SandboxPool(config.sandbox, size=config.sandbox.warm_pool,
                            start_timeout_s=config.collector.sandbox_start_timeout_s,
-                           stop_in_background=True)
+                           stop_in_background=True,
+                           limit=config.collector.max_concurrent_sandboxes)
         limit = asyncio.Semaphore(config.collector.max_concurrent_sandboxes)
 
         async def one(task: TaskSpec) -> DemoOutcome:

@@ -34,12 +34,17 @@ class SandboxPool:
     """Keeps `size` started sandboxes per environment; `acquire` hands one out and refills."""
 
     def __init__(self, config: SandboxConfig, size: int, max_idle_s: float = 600.0,
-                 start_timeout_s: float = 900.0, stop_in_background: bool = False) -> None:
+                 start_timeout_s: float = 900.0, stop_in_background: bool = False,
+                 limit: int | None = None) -> None:
         self.config = config
         self.size = size
         self.stop_in_background = stop_in_background
         """Whether `release` returns before the stop has finished: only for a pool whose owner
         calls `close` (which waits for those stops) before its event loop ends."""
+        self._slots = asyncio.Semaphore(limit) if limit else None
+        """At most `limit` sandboxes handed out at once, each counted until its stop has
+        finished (idle pooled ones are not counted); None: no bound."""
+        self._closed = False
         self.max_idle_s = max_idle_s
         self.start_timeout_s = start_timeout_s
         self._idle: dict[str, list[tuple[Sandbox, float]]] = {}
@@ -89,7 +94,28 @@ class SandboxPool:
         await self._refill(spec.environment_key(), spec)
 
     async def acquire(self, spec: SandboxSpec) -> Sandbox:
-        """A started sandbox for spec: a pooled one if fresh enough, else a new one."""
+        """A started sandbox for spec: a pooled one if fresh enough, else a new one (waiting
+        for a slot first when the pool is bounded)."""
+        if self._slots is not None:
+            await self._slots.acquire()
+        try:
+            return await self._hand_out(spec)
+        except BaseException:
+            self._free_slot()
+            raise
+
+    async def acquire_spare(self, spec: SandboxSpec) -> Sandbox | None:
+        """Like acquire, but only when a slot is free now and nobody waits for one (a sandbox
+        started ahead of need must not hold up one needed now); else None."""
+        if self._slots is not None and self._slots.locked():
+            return None
+        return await self.acquire(spec)
+
+    def _free_slot(self) -> None:
+        if self._slots is not None:
+            self._slots.release()
+
+    async def _hand_out(self, spec: SandboxSpec) -> Sandbox:
         key = spec.environment_key()
         idle = self._idle.setdefault(key, [])
         sandbox = None
@@ -109,17 +135,26 @@ class SandboxPool:
         return sandbox
 
     async def release(self, sandbox: Sandbox) -> None:
-        """Stop a sandbox that was used (shielded: a cancelled caller still stops it), in a task
-        of its own when the pool stops in the background."""
-        if not self.stop_in_background:
-            await asyncio.shield(sandbox.stop())
+        """Stop a sandbox that was handed out (shielded: a cancelled caller still stops it), in
+        a task of its own when the pool stops in the background and is not closed yet. Its slot
+        is free once the stop has finished."""
+        task = asyncio.create_task(self._stop(sandbox))
+        if not self.stop_in_background or self._closed:
+            await asyncio.shield(task)
             return
-        task = asyncio.create_task(_stop_logged(sandbox))
         self._stops.add(task)
         task.add_done_callback(self._stops.discard)
 
+    async def _stop(self, sandbox: Sandbox) -> None:
+        try:
+            await _stop_logged(sandbox)
+        finally:
+            self._free_slot()
+
     async def close(self) -> None:
-        """Stop refills and every idle sandbox; wait for the stops `release` left running."""
+        """Stop refills and every idle sandbox; wait for the stops `release` left running (a
+        release after this stops at once)."""
+        self._closed = True
         for task in list(self._refills):
             task.cancel()
         await asyncio.gather(*self._refills, return_exceptions=True)
