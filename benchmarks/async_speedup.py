@@ -28,6 +28,8 @@ table gives each configuration's mean and spread over the repeats.
 
 --time-to-accuracy: every step's weights are kept (a checkpoint per step, copied aside as the
 run goes) and, once the run is over, each is scored on --eval fresh samples (seed 1, held out).
+With the same steps everywhere an asynchronous run cannot reach the synchronous best when its
+steps learn less each; --async-steps gives the asynchronous runs more steps to get there.
 Per seed the target is the synchronous run's best held-out reward; each configuration's time to
 accuracy is the training time (from the first agent start) at the end of the first step whose
 weights score at least that. Target (the issue): staleness <= 4 reaches it >= 2x sooner at
@@ -75,6 +77,7 @@ from skyrl_agent.types import FinishReason
 from tests.tiny_models import char_model_dir
 
 STALENESS = (0, 1, 2, 4)
+RESULTS_TTA = Path(__file__).parent / "results" / "time_to_accuracy.md"
 N = 8
 TASK = "toy/eight-a"
 MAX_WAIT_S = 30.0  # well inside the toy task's 60 s agent timeout
@@ -178,13 +181,14 @@ def policy_reward(config: RunConfig, checkpoint: Path, out: Path, samples: int) 
 def one_configuration(staleness: int, model: Path, work_root: Path, run_dir: Path,
                       args: argparse.Namespace, seed: int = 0) -> Outcome:
     window = (max(args.staleness) + 1) * args.groups_per_step * N
+    steps = args.steps if staleness == 0 else args.async_steps or args.steps
     config = load_config(None, [f"seed={seed}",
         "agent.name=lognormal-answer", "tasks.source=toy", f"inference.model={model}",
         "inference.max_tokens=8", f"collector.n_samples_per_task={N}",
         f"collector.max_concurrent_sandboxes={window}",
         "trainer.learning_rate=3e-2", f"trainer.groups_per_step={args.groups_per_step}",
-        f"trainer.max_steps={args.steps}",
-        f"trainer.checkpoint_every={1 if args.time_to_accuracy else args.steps}",
+        f"trainer.max_steps={steps}",
+        f"trainer.checkpoint_every={1 if args.time_to_accuracy else steps}",
         f"trainer.max_staleness={staleness}", f"sandbox.work_root={work_root}"])
     LognormalAnswerAgent.first_start = None
     step_ends: list[float] = []
@@ -333,6 +337,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=1, help="runs per configuration")
     parser.add_argument("--time-to-accuracy", action="store_true",
                         help="score every step's weights; time to the synchronous best")
+    parser.add_argument("--async-steps", type=int, default=None,
+                        help="trainer.max_steps of the asynchronous runs (default: --steps); "
+                             "more lets them go on learning past the synchronous run's steps")
     args = parser.parse_args(argv)
     if args.time_to_accuracy and not args.eval:
         parser.error("--time-to-accuracy scores weights on --eval samples: give --eval > 0")
@@ -367,10 +374,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         print()
         print(summary(outcomes))
     if args.time_to_accuracy:
+        command = " ".join(["benchmarks/async_speedup.py", *(argv or sys.argv[1:])])
+        lines = ["# Time to accuracy: asynchronous vs synchronous training", "",
+                 f"`{command}` (commit {commit()}, {os.cpu_count()} cores). Every step's weights "
+                 f"scored on {args.eval} held-out samples after its run; per seed, the time "
+                 "(training seconds from the first agent start to the end of a step) until a "
+                 "step's weights reach the synchronous run's best held-out reward.", "",
+                 accuracy_table(outcomes), "", accuracy_summary(outcomes), "",
+                 "All runs:", "", table(outcomes), ""]
+        RESULTS_TTA.write_text("\n".join(lines))
         print()
-        print(accuracy_table(outcomes))
-        print()
-        print(accuracy_summary(outcomes))
+        print("\n".join(lines[4:7]))
 
 
 if __name__ == "__main__":
