@@ -414,7 +414,6 @@ class LocalSandbox(Sandbox):
                                 replaced: Sequence[str]) -> None:
         # One command, each step only when needed: a process less is ~1.5 ms off a hand-over.
         directory = shlex.quote(remote_dir)
-        assert self._dir is not None, "sandbox not started"
         inside = await asyncio.to_thread(clear_on_host, self.root, replaced) if replaced else []
         clear = f"rm -rf -- {shlex.join(inside)} && " if inside else ""
         make = f"mkdir -p {directory} && " if remote_dir.rstrip("/") else ""

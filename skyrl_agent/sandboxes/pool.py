@@ -22,14 +22,6 @@ from skyrl_agent.sandboxes.base import Sandbox, SandboxError, SandboxSpec, creat
 log = logging.getLogger(__name__)
 
 
-async def _stop_logged(sandbox: Sandbox) -> None:
-    """stop() with nobody waiting for its outcome: a failure is logged, not lost."""
-    try:
-        await sandbox.stop()
-    except Exception as exc:  # noqa: BLE001 - a stop in the background has no caller to raise to
-        log.warning("stopping sandbox %s failed: %s", sandbox.spec.name, exc)
-
-
 class SandboxPool:
     """Keeps `size` started sandboxes per environment; `acquire` hands one out and refills."""
 
@@ -146,8 +138,12 @@ class SandboxPool:
         task.add_done_callback(self._stops.discard)
 
     async def _stop(self, sandbox: Sandbox) -> None:
+        """stop(), then its slot is free. A failure is logged: a stop in the background has
+        no caller to raise to."""
         try:
-            await _stop_logged(sandbox)
+            await sandbox.stop()
+        except Exception as exc:  # noqa: BLE001
+            log.warning("stopping sandbox %s failed: %s", sandbox.spec.name, exc)
         finally:
             self._free_slot()
 
