@@ -39,6 +39,9 @@ ATTACKS = {
     ("git-commit", 2): "{solution_in_two_commits}",
     # The right bytes behind a link instead of in the file.
     ("write-file", 1): "{solution_via_link}",
+    ("follow-clues", 1): "{solution_via_link}",
+    # Every code in the folder, decoys' too, instead of the trail's.
+    ("follow-clues", 2): "grep -h '^code:' /app/clues/* | cut -d' ' -f2 > /app/answer.txt",
 }
 
 

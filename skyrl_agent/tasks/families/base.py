@@ -34,6 +34,16 @@ DOCKERFILE_HEAD = (
 
 
 @dataclass(frozen=True)
+class Step:
+    """One turn of a multi-turn walkthrough: what to type, and what its output shows."""
+
+    commands: tuple[str, ...]
+    """Shell commands typed in this turn."""
+    finding: str
+    """One line: what the turn's output tells (a teacher's summary lists the findings so far)."""
+
+
+@dataclass(frozen=True)
 class Blueprint:
     """What a family's builder decides for one task; `GeneratedTask` turns it into files."""
 
@@ -54,6 +64,9 @@ class Blueprint:
     """The WORKDIR of the setup commands."""
     test_files: Mapping[str, bytes] = field(default_factory=dict)
     """More files for tests/ beside test.sh (checkers the checks run)."""
+    steps: tuple[Step, ...] = ()
+    """A walkthrough for long-horizon tasks, where each turn depends on what the last one
+    showed (empty: `solution` is typed in one turn)."""
 
 
 Builder = Callable[[random.Random, int], Blueprint]
