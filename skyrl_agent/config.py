@@ -146,6 +146,10 @@ class AgentConfig(_Section):
     """Summaries allowed per trajectory; past them the run ends with context_overflow."""
     summary_prompt: str | None = None
     """The request that asks the model to summarize; None uses the built-in one."""
+    context_management: Literal["summarize", "truncate", "none"] = "summarize"
+    """When a prompt would pass summarize_at: `summarize` (the model writes a summary that
+    restarts the context), `truncate` (the oldest turns are dropped), or `none` (nothing: the
+    trajectory ends with context_overflow once a reply no longer fits)."""
     max_sampled_tokens: int | None = Field(default=None, gt=0)
     """Most tokens one trajectory may sample over all its turns: a straggler deadline in
     tokens beside the wall-clock `timeout_s` (None = no limit). The trajectory then ends with

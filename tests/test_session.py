@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 
 import pytest
 from transformers import AutoTokenizer
@@ -11,6 +12,7 @@ from transformers import AutoTokenizer
 from skyrl_agent.agents.rendering import ChatRenderer, TemplateError
 from skyrl_agent.agents.session import (
     SUMMARY_HEADER,
+    TRUNCATE_TO,
     ContextOverflow,
     LLMSession,
     SessionConfig,
@@ -248,6 +250,59 @@ async def test_no_summary_at_all_when_none_are_allowed(tokenizer):
         with pytest.raises(ContextOverflow):
             await session.chat([OBSERVATION])
     assert len(server.prompts) == 1 and session.summaries == 0
+
+
+async def test_truncation_drops_the_oldest_replies_and_asks_for_no_summary(tokenizer):
+    """Stops: truncation that summarizes anyway, keeps the oldest turns instead of the newest,
+    keeps more than half the context, or drops the pending observation. The new segment is the
+    head, the longest run of newest exchanges (starting at a reply) within TRUNCATE_TO of the
+    context, then the observation; the first segment's turns stay recorded."""
+    short = [{"role": "user", "content": f"step {i} done"} for i in range(4)]
+    texts = [f"reply number {i}: the tests pass and the files are in place. " * 2
+             for i in range(5)]
+    observation = {"role": "user", "content": "".join(f"line {i}: ok\n" for i in range(6))}
+    renderer = ChatRenderer(tokenizer)
+    async with (ScriptedServer(tokenizer, replies(*texts, "after")) as server,
+                InferenceClient([server.url]) as client):
+        history = [SYSTEM, TASK]
+        session = LLMSession(client, tokenizer, SessionConfig(
+            max_context_tokens=10_000, max_tokens=50, context_management="truncate"))
+        await session.chat([SYSTEM, TASK])
+        for i, message in enumerate(short):
+            history += [{"role": "assistant", "content": texts[i]}, message]
+            await session.chat([message])
+        history.append({"role": "assistant", "content": texts[4]})
+        # The limit that makes the long observation overflow at the next turn.
+        limit = len(renderer.start([*history, observation])) - 1
+        session.config = SessionConfig(max_context_tokens=limit, max_tokens=50,
+                                       summarize_at=1.0, min_completion_tokens=1,
+                                       context_management="truncate")
+        reply = await session.chat([observation])
+    assert reply.text == "after" and session.truncations == 1 and session.summaries == 0
+    assert not any(b"Write a summary" in tokenizer.decode(p).encode() for p in server.prompts)
+    exchanges = history[2:]
+    fits = [i for i in range(len(exchanges)) if exchanges[i]["role"] == "assistant" and len(
+        renderer.start([SYSTEM, TASK, *exchanges[i:], observation])) <= TRUNCATE_TO * limit]
+    assert fits and fits[0] > 0  # something was dropped, something kept
+    expected = renderer.start([SYSTEM, TASK, *exchanges[fits[0]:], observation])
+    assert server.prompts[-1] == expected
+    first, second = session.segments
+    assert len(first.turns) == 5 and list(second.turns[0].prompt_ids) == expected
+
+
+async def test_without_context_management_the_session_ends_when_a_reply_no_longer_fits(
+        tokenizer):
+    """Stops: `none` summarizing or truncating, or ending before the context is really full
+    (it ignores summarize_at)."""
+    config = dataclasses.replace(overflow_config(tokenizer), context_management="none",
+                                 summarize_at=0.1)
+    async with (ScriptedServer(tokenizer, replies(LONG_REPLY, summary=SUMMARY)) as server,
+                InferenceClient([server.url]) as client):
+        session = LLMSession(client, tokenizer, config)
+        await session.chat([SYSTEM, TASK])  # far past summarize_at, yet it fits
+        with pytest.raises(ContextOverflow, match="context management is off"):
+            await session.chat([OBSERVATION])
+    assert len(server.prompts) == 1 and session.summaries == session.truncations == 0
 
 
 async def test_a_token_budget_stops_a_straggler_across_turns(tokenizer):

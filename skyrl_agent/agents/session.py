@@ -3,9 +3,14 @@
 Within a segment, turn k+1's prompt is turn k's prompt + completion + the new messages rendered
 alone (see rendering.py), so the ids trained on are the ids the model saw and sampled.
 
-When the next prompt would pass the context budget the session summarizes: it asks the model to
-summarize progress (a recorded, trainable turn that closes the segment), then opens a new segment
-`[system, task + summary]` followed by the pending new messages, and the agent carries on.
+When the next prompt would pass the context budget the session makes room by its
+`context_management`:
+- `summarize` (at `summarize_at`): it asks the model to summarize progress (a recorded,
+  trainable turn that closes the segment), then opens a new segment `[system, task + summary]`
+  followed by the pending new messages, and the agent carries on;
+- `truncate` (at `summarize_at`): it opens a new segment of the head (system + task), the newest
+  exchanges that fit in half the context, and the pending messages: the oldest turns are dropped;
+- `none`: nothing; the trajectory ends with a context overflow once a reply no longer fits.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from skyrl_agent.agents.rendering import ChatRenderer, Message
 from skyrl_agent.inference.client import Completion, CompletionClient, Sampling
@@ -28,6 +33,11 @@ SUMMARY_PROMPT = (
     "is, what you did and found, what files you changed, what is still left to do, and the next "
     "step. Reply with the summary only; it will replace the conversation so far.")
 SUMMARY_HEADER = "Summary of your earlier work on this task (your context was reset):"
+ContextManagement = Literal["summarize", "truncate", "none"]
+"""How a session makes room when the context fills (see the module docstring)."""
+TRUNCATE_TO = 0.5
+"""A truncated segment starts with at most this fraction of the context (so it is not cut
+again at the very next turn)."""
 
 
 class ContextOverflow(Exception):
@@ -56,6 +66,8 @@ class SessionConfig:
     max_summaries: int = 4
     """Past this many summaries in one trajectory the session gives up (context overflow)."""
     summary_prompt: str = SUMMARY_PROMPT
+    context_management: ContextManagement = "summarize"
+    """How the session makes room when the context fills (see the module docstring)."""
     max_sampled_tokens: int | None = None
     """Most tokens the whole trajectory may sample, summaries included (a straggler deadline);
     each call's max_tokens is cut to what is left. None = no limit."""
@@ -90,11 +102,14 @@ class LLMSession:
         self.session_id = session_id or uuid.uuid4().hex
         self.seed = seed
         self.summaries = 0
+        self.truncations = 0
         self.model_time_s = 0.0
         """Seconds spent in model calls, a free slot under `limiter` waited for included."""
         self.limiter: asyncio.Semaphore | None = None
         """Set by a collector to bound model calls in flight across sessions."""
         self._head: list[Message] = []
+        self._restart_head_len = 0
+        """Messages at the start of the current segment that are its head (a restart's)."""
         self._segments: list[_Segment] = []
 
     # ---- the agent's API ----------------------------------------------------------------------
@@ -105,10 +120,11 @@ class LLMSession:
         messages = list(messages)
         if not self._segments:
             self._head = messages
+            self._restart_head_len = len(messages)
             self._segments.append(_Segment(messages=[]))
         prompt = self._next_prompt(messages)
-        if self._needs_summary(len(prompt)):
-            prompt = await self._summarize_and_restart(messages)
+        if self._needs_room(len(prompt)):
+            prompt = await self._make_room(messages)
         completion = await self._complete(prompt, self._budget(len(prompt), self.config.max_tokens))
         self._current.messages += [*messages, _assistant(completion.text)]
         return Reply(completion.text, self._current.turns[-1].finish_reason)
@@ -125,6 +141,7 @@ class LLMSession:
     def metrics(self) -> dict[str, float]:
         turns = [t for s in self._segments for t in s.turns]
         return {"turns": len(turns), "summaries": self.summaries,
+                "truncations": self.truncations,
                 "prompt_tokens": sum(len(t.prompt_ids) for t in turns),
                 "completion_tokens": sum(len(t.completion_ids) for t in turns),
                 "drift_tokens": self.drift_tokens()}
@@ -156,10 +173,39 @@ class LLMSession:
         return [*last.prompt_ids, *last.completion_ids,
                 *self.renderer.extend(last.completion_ids, messages)]
 
-    def _needs_summary(self, prompt_len: int) -> bool:
+    def _needs_room(self, prompt_len: int) -> bool:
         limit = self.config.max_context_tokens
-        return (prompt_len > self.config.summarize_at * limit
-                or limit - prompt_len < self.config.min_completion_tokens)
+        full = limit - prompt_len < self.config.min_completion_tokens
+        if self.config.context_management == "none":
+            return full
+        return prompt_len > self.config.summarize_at * limit or full
+
+    async def _make_room(self, pending: list[Message]) -> list[int]:
+        if self.config.context_management == "summarize":
+            return await self._summarize_and_restart(pending)
+        if self.config.context_management == "truncate":
+            return self._truncate_and_restart(pending)
+        raise ContextOverflow(f"the context ({self.config.max_context_tokens} tokens) is full "
+                              "and context management is off")
+
+    def _truncate_and_restart(self, pending: list[Message]) -> list[int]:
+        """A new segment: the head, the newest exchanges that fit in TRUNCATE_TO of the
+        context, the pending messages. The oldest are dropped a reply at a time, with the
+        messages that answered it (tool results, observations), so the segment goes on from a
+        reply of the model's."""
+        segment = self._current.messages
+        head, kept = segment[: self._restart_head_len], segment[self._restart_head_len:]
+        target = TRUNCATE_TO * self.config.max_context_tokens
+        while kept and len(self.renderer.start([*head, *kept, *pending])) > target:
+            replies = [i for i, m in enumerate(kept) if i > 0 and m["role"] == "assistant"]
+            kept = kept[replies[0]:] if replies else []
+        prompt = self.renderer.start([*head, *kept, *pending])
+        if self._needs_room(len(prompt)):
+            raise ContextOverflow(f"even the task and the newest messages need {len(prompt)} "
+                                  f"tokens of {self.config.max_context_tokens}")
+        self.truncations += 1
+        self._segments.append(_Segment(messages=[*head, *kept]))
+        return prompt
 
     def _budget(self, prompt_len: int, wanted: int) -> int:
         room = self.config.max_context_tokens - prompt_len
@@ -194,8 +240,9 @@ class LLMSession:
                      {**task[-1], "content": f"{task[-1]['content']}\n\n{SUMMARY_HEADER}\n"
                                             f"{completion.text.strip()}"}] if task else [system]
         self._segments.append(_Segment(messages=restarted))
+        self._restart_head_len = len(restarted)
         prompt = self._next_prompt(pending)
-        if self._needs_summary(len(prompt)):
+        if self._needs_room(len(prompt)):
             raise ContextOverflow(f"even a fresh segment with the summary needs {len(prompt)} "
                                   f"tokens of {self.config.max_context_tokens}")
         return prompt

@@ -47,6 +47,7 @@ def session_config(config: RunConfig, served_max_len: int | None) -> SessionConf
         max_context_tokens=budget.max_context_tokens, max_tokens=inference.max_tokens,
         temperature=inference.temperature, top_p=inference.top_p,
         summarize_at=budget.summarize_at, max_summaries=budget.max_summaries,
+        context_management=budget.context_management,
         max_sampled_tokens=budget.max_sampled_tokens)
     if budget.summary_prompt:
         settings = dataclasses.replace(settings, summary_prompt=budget.summary_prompt)
