@@ -19,14 +19,19 @@ from skyrl_agent.data.store import TrajectoryStore
 from skyrl_agent.errors import UserError
 from skyrl_agent.jobs.demos import DemoJob, keep_rewarded
 from skyrl_agent.tasks import resolve_tasks
-from skyrl_agent.tasks.solution import solution_commands
+from skyrl_agent.tasks.families import FAMILIES
+from skyrl_agent.tasks.solution import solution_commands, solution_walkthrough
 from skyrl_agent.trainers.batch import sft_data
 from skyrl_agent.trainers.sft import plan_sft
 from skyrl_agent.types import FinishReason, Reward, Segment, Trajectory, Turn
 from tests.test_cli import assert_one_line_error, run
 
 pytestmark = pytest.mark.slow
-SOURCES = {"terminus": "gen:all:train:1", "openhands": "gen:count,git-commit@3,fix-bug:train:1"}
+ONE_TURN = ",".join(name for name, fam in FAMILIES.items() if not fam.generate(0).blueprint.steps)
+SOURCES = {"terminus": f"gen:{ONE_TURN}:train:1",
+           "openhands": "gen:count,git-commit@3,fix-bug:train:1"}
+"""Families solved in one turn (the long-horizon ones have walkthroughs, tested below)."""
+LONG = "gen:follow-clues@2,follow-clues@3:train:2"
 
 
 def _config(agent: str, *more: str):
@@ -102,6 +107,48 @@ def test_every_stored_demonstration_replays_to_reward_one(demo_run, smollm2_dir)
         assert [t.completion_ids for t in after.segments[0].turns] == \
             [t.completion_ids for t in before.segments[0].turns]
         assert token_problem(after) is None
+
+
+@pytest.mark.parametrize("agent", ["terminus", "openhands"])
+def test_a_walkthrough_is_summarized_across_segments_and_replays(agent, tmp_path, smollm2_dir):
+    """Stops: a teacher that answers a summary request with the next step (the script would
+    run out of replies), a summary that loses what earlier segments found (each must hold the
+    `carry` of every step whose output the model had seen), a long-horizon task demonstrated
+    without filling the 2,048-token context, and a summarized demonstration that does not
+    replay from its own ids."""
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    config = load_config(None, [f"agent.name={agent}", f"tasks.source={LONG}",
+                                "agent.max_context_tokens=2048", "agent.max_turns=30",
+                                "collector.max_concurrent_sandboxes=4"])
+    job = DemoJob(config, tmp_path / "run")
+    try:
+        outcomes = asyncio.run(job.run())
+    finally:
+        job.close()
+    assert [(o.kept, o.reason) for o in outcomes] == [(True, None)] * 4
+    tasks = {t.name: t for t in resolve_tasks(LONG)}
+    stored = TrajectoryStore(tmp_path / "run").load().trajectories
+    for trajectory in stored:
+        assert len(trajectory.segments) >= 2 and token_problem(trajectory) is None
+        steps = solution_walkthrough(tasks[trajectory.task_id])
+        replies = 0
+        for segment in trajectory.segments[:-1]:
+            replies += len(segment.turns) - 1
+            summary = tokenizer.decode(list(segment.turns[segment.summary_turn_index]
+                                            .completion_ids), skip_special_tokens=True)
+            assert segment.summary_turn_index == len(segment.turns) - 1
+            assert [s.carry for s in steps[:replies - 1] if s.carry in summary] == \
+                [s.carry for s in steps[:replies - 1]]
+            assert steps[replies - 1].commands[0] in summary
+
+    async def replay_all():
+        return await asyncio.gather(*(replay(t, tasks[t.task_id], config, tokenizer)
+                                      for t in stored))
+
+    for before, after in zip(stored, asyncio.run(replay_all()), strict=True):
+        assert after.reward.value == 1.0 and token_problem(after) is None
+        assert [[t.completion_ids for t in s.turns] for s in after.segments] == \
+            [[t.completion_ids for t in s.turns] for s in before.segments]
 
 
 def test_a_reply_past_the_token_budget_is_dropped(tmp_path):

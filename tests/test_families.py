@@ -23,7 +23,7 @@ from skyrl_agent.tasks.families.archive import tar_gz
 from skyrl_agent.tasks.families.git import tree_id
 from skyrl_agent.tasks.families.python_bug import CHECKER, POOL, sed_replace
 from skyrl_agent.tasks.generated import materialize, parse_ref
-from skyrl_agent.tasks.solution import split_commands
+from skyrl_agent.tasks.solution import solution_walkthrough, split_commands
 from tests.test_cli import assert_one_line_error, run
 
 LEVELS = [(f, d) for f in FAMILIES.values() for d in f.difficulties]
@@ -178,3 +178,20 @@ def test_tasks_generate_writes_loadable_tasks_and_refuses_bad_input(tmp_path):
                               str(out)), "--seeds")
     assert_one_line_error(run("tasks", "generate", "count", "--seeds", "9999:10000",
                               "--difficulty", "2", "--output", str(out)), "exists")
+
+
+def test_a_walkthrough_survives_task_toml_and_a_malformed_one_is_a_task_error(tmp_path,
+                                                                            monkeypatch):
+    """Stops: a walkthrough lost or reordered on its way through task.toml (demonstrations of
+    long-horizon tasks would fall back to one turn), or a malformed one read as steps."""
+    monkeypatch.setenv("SKYRL_AGENT_CACHE", str(tmp_path))
+    generated = family("follow-clues").generate(5, 2)
+    [task] = resolve_tasks("gen:follow-clues@2:train:6")[5:]
+    assert solution_walkthrough(task) == list(generated.blueprint.steps)
+    assert all(step.carry for step in generated.blueprint.steps)
+    assert solution_walkthrough(resolve_tasks("gen:count:train:1")[0]) == []
+    for bad in ([{"commands": []}], [{"commands": ["ls"], "finding": 3}], ["ls"],
+                [{"commands": ["ls"], "finding": "x", "carry": ["y"]}]):
+        task.config.metadata["walkthrough"] = bad
+        with pytest.raises(TaskError, match="walkthrough must be"):
+            solution_walkthrough(task)

@@ -18,6 +18,7 @@ from skyrl_agent.types import FailureKind, FinishReason
 
 if TYPE_CHECKING:
     from skyrl_agent.agents.session import LLMSession
+    from skyrl_agent.tasks.families.base import Step
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,13 @@ class Agent(ABC):
         solution) and finish, in the agent's own format: what `skyrl-agent demos` records.
         Agents that cannot act out shell commands raise NotImplementedError."""
         raise NotImplementedError(f"agent {cls.name!r} cannot act out a solution's commands")
+
+    @classmethod
+    def walkthrough(cls, steps: Sequence[Step], plan: str) -> list[str]:
+        """The replies that act out a multi-turn walkthrough: one per step, each saying what
+        the step before it showed (`Step.finding`), the last declaring the task done; then
+        whatever the agent needs to finish. Agents that cannot raise NotImplementedError."""
+        raise NotImplementedError(f"agent {cls.name!r} cannot act out a walkthrough")
 
 
 log = logging.getLogger(__name__)

@@ -5,7 +5,9 @@ same session and agent code as any sampled trajectory. Each call returns the nex
 as token ids: a reply given as text is tokenized canonically and closed with the end-of-turn
 token (what a model that "meant" that text would sample); a reply given as ids (replaying a
 stored trajectory) is returned unchanged. Like a model it obeys max_tokens: a longer reply is cut
-and ends with finish reason `length`, and `truncated` counts it.
+and ends with finish reason `length`, and `truncated` counts it. A teacher given `summaries` also
+answers the session's summary requests, with the summary written for the number of replies it
+has given so far (a walkthrough's progress), without using a reply up.
 
 Logprobs: the teacher is a deterministic policy, so every token it emits has probability 1 and
 is recorded with logprob 0.0 and policy version 0. Supervised fine-tuning (cross-entropy) never
@@ -33,11 +35,18 @@ class ScriptExhausted(TokenBudgetSpent):
 class Teacher:
     """A CompletionClient that replies with a script, one reply per call."""
 
-    def __init__(self, tokenizer: Any, replies: Sequence[str | Sequence[int]]) -> None:
+    def __init__(self, tokenizer: Any, replies: Sequence[str | Sequence[int]],
+                 summaries: Sequence[str] = (), summary_request: str = "") -> None:
         self.tokenizer = tokenizer
         self._eos = tokenizer.eos_token_id
         self._replies = [self._ids(reply) for reply in replies]
+        self._summaries = [self._ids(summary) for summary in summaries]
+        """The summary to give after k replies, by k (the last one past the end)."""
+        self._request = summary_request
+        self._request_tokens = len(tokenizer.encode(summary_request, add_special_tokens=False))
         self.calls = 0
+        """Replies given (summaries not counted)."""
+        self.summaries = 0
         self.truncated = 0
         """Replies cut by max_tokens (the demonstration did not fit the agent's budget)."""
 
@@ -48,11 +57,15 @@ class Teacher:
 
     async def complete(self, prompt_ids: Sequence[int], sampling: Sampling,
                        session_id: str | None = None) -> Completion:
-        if self.calls >= len(self._replies):
+        if self._summaries and self._asks_for_summary(prompt_ids):
+            ids = self._summaries[min(self.calls, len(self._summaries) - 1)]
+            self.summaries += 1
+        elif self.calls >= len(self._replies):
             raise ScriptExhausted(f"the script has {len(self._replies)} replies; the agent asked "
                                   "for another")
-        ids = self._replies[self.calls]
-        self.calls += 1
+        else:
+            ids = self._replies[self.calls]
+            self.calls += 1
         if len(ids) > sampling.max_tokens:
             ids = ids[: sampling.max_tokens]
             self.truncated += 1
@@ -61,6 +74,11 @@ class Teacher:
                           token_policy_versions=(0,) * len(ids), finish_reason=finish,
                           text=self.tokenizer.decode(list(ids), skip_special_tokens=True),
                           server="teacher")
+
+    def _asks_for_summary(self, prompt_ids: Sequence[int]) -> bool:
+        """The prompt ends with the summary request (a few tokens of chat markup after it)."""
+        tail = self.tokenizer.decode(list(prompt_ids[-(self._request_tokens + 16):]))
+        return bool(self._request) and self._request in tail
 
     def end_session(self, session_id: str) -> None:
         """Nothing to forget: the teacher keeps no routes."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +22,9 @@ from skyrl_agent.collector.model import session_config
 from skyrl_agent.collector.rollout import make_agent, run_rollout
 from skyrl_agent.config import RunConfig
 from skyrl_agent.envs.episode import SandboxSource, fresh_sandboxes
+from skyrl_agent.tasks.families.base import Step
 from skyrl_agent.tasks.model import TaskSpec
-from skyrl_agent.tasks.solution import solution_commands, solution_plan
+from skyrl_agent.tasks.solution import solution_commands, solution_plan, solution_walkthrough
 from skyrl_agent.types import Trajectory
 
 DEMO_SAMPLE = 0
@@ -60,17 +62,53 @@ def rejection(trajectory: Trajectory, min_reward: float = 1.0) -> str | None:
     return token_problem(trajectory)
 
 
-def demo_replies(agent_cls: type[Agent], task: TaskSpec) -> list[str]:
-    """The agent's replies that carry out the task's reference solution."""
-    return agent_cls.demonstration(solution_commands(task), solution_plan(task))
+@dataclass(frozen=True)
+class DemoScript:
+    """What a teacher says in one demonstration."""
+
+    replies: list[str]
+    """The agent's replies, in order."""
+    summaries: list[str] = field(default_factory=list)
+    """The summary to give when the session asks for one after k replies, by k (a walkthrough
+    has them; a one-turn solution never fills the context)."""
+
+
+def demo_script(agent_cls: type[Agent], task: TaskSpec) -> DemoScript:
+    """The agent's replies that carry out the task's reference solution: its walkthrough, step
+    by step with summaries, when it has one; else its solve.sh in one go."""
+    plan = solution_plan(task)
+    steps = solution_walkthrough(task)
+    if not steps:
+        return DemoScript(agent_cls.demonstration(solution_commands(task), plan))
+    return DemoScript(agent_cls.walkthrough(steps, plan), walkthrough_summaries(steps))
+
+
+def walkthrough_summaries(steps: Sequence[Step]) -> list[str]:
+    """The teacher's summary after k replies, by k: what the steps whose output the model has
+    seen found (their `carry`), and the step whose output comes next. A summary is asked for
+    before the pending observation (the last step's output) is shown, so after k replies it
+    holds the first k - 1 steps. The credit rule is the trajectory's: a summary turn is
+    trained with the advantage of the trajectory it belongs to, like every other turn."""
+    summaries = []
+    for replies in range(len(steps) + 1):
+        seen = steps[: max(replies - 1, 0)]
+        found = "; ".join(step.carry or step.finding for step in seen) or "nothing yet"
+        last = (f" Last command: `{'; '.join(steps[replies - 1].commands)}`; its output "
+                "follows." if replies else "")
+        summaries.append(f"Progress so far: {found}.{last}")
+    return summaries
 
 
 async def act_out(task: TaskSpec, agent_cls: type[Agent], config: RunConfig, tokenizer: Any,
-                  replies: Sequence[str | Sequence[int]], sandboxes: SandboxSource,
+                  script: DemoScript | Sequence[str | Sequence[int]], sandboxes: SandboxSource,
                   keep_state: Path | None = None, sample_index: int = DEMO_SAMPLE) -> Trajectory:
-    """One episode of the real agent whose session is served by a teacher with `replies`."""
-    teacher = Teacher(tokenizer, replies)
+    """One episode of the real agent whose session is served by a teacher with `script` (or
+    plain replies: a replay's sampled ids, summaries included in their order)."""
     settings = session_config(config, None)
+    if isinstance(script, DemoScript):
+        teacher = Teacher(tokenizer, script.replies, script.summaries, settings.summary_prompt)
+    else:
+        teacher = Teacher(tokenizer, script)
 
     def sessions(agent: Agent, session_id: str) -> LLMSession:
         return LLMSession(teacher, tokenizer, settings, tools=agent.tools, session_id=session_id)

@@ -16,7 +16,7 @@ from skyrl_agent.agents.base import Agent, agent_class
 from skyrl_agent.collector.demos import (
     DEMO_SAMPLE,
     act_out,
-    demo_replies,
+    demo_script,
     load_tokenizer,
     rejection,
 )
@@ -88,12 +88,12 @@ class DemoJob:
     async def _demonstrate(self, task: TaskSpec, tokenizer: Any, pool: SandboxPool,
                            limit: asyncio.Semaphore) -> DemoOutcome:
         try:
-            replies = demo_replies(self.agent_cls, task)
+            script = demo_script(self.agent_cls, task)
         except (TaskError, NotImplementedError) as exc:
             return DemoOutcome(task.name, False, 0.0, str(exc))
         state = self.run_dir.state_path(task.name, DEMO_SAMPLE)
         async with limit:
-            trajectory = await act_out(task, self.agent_cls, self.settings, tokenizer, replies,
+            trajectory = await act_out(task, self.agent_cls, self.settings, tokenizer, script,
                                        pool, keep_state=state)
         why = rejection(trajectory)
         if why is None:

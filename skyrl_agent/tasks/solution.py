@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 from skyrl_agent.errors import TaskError
+from skyrl_agent.tasks.families.base import Step
 from skyrl_agent.tasks.model import TaskSpec
 
 _HEREDOC = re.compile(r"<<(-?)\s*(['\"]?)([A-Za-z_][A-Za-z0-9_]*)\2")
@@ -64,3 +65,23 @@ def solution_plan(task: TaskSpec) -> str:
     generic one."""
     plan = task.config.metadata.get("plan")
     return plan if isinstance(plan, str) and plan.strip() else DEFAULT_PLAN
+
+
+def solution_walkthrough(task: TaskSpec) -> list[Step]:
+    """The task's multi-turn walkthrough (`[metadata] walkthrough`: a list of `{commands,
+    finding, carry}`, carry optional), empty when it has none; TaskError when it is malformed."""
+    raw = task.config.metadata.get("walkthrough")
+    if raw is None:
+        return []
+    steps = []
+    for item in raw if isinstance(raw, list) else [raw]:
+        commands = item.get("commands") if isinstance(item, dict) else None
+        finding = item.get("finding") if isinstance(item, dict) else None
+        carry = item.get("carry", "") if isinstance(item, dict) else None
+        if (not isinstance(commands, list) or not commands
+                or not all(isinstance(c, str) and c.strip() for c in commands)
+                or not isinstance(finding, str) or not isinstance(carry, str)):
+            raise TaskError(f"task {task.name}: [metadata] walkthrough must be a list of "
+                            "{commands = [non-empty strings], finding = string, carry = string}")
+        steps.append(Step(tuple(commands), finding, carry))
+    return steps

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import shlex
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from skyrl_agent.agents.base import ModelAgent, clip
 from skyrl_agent.agents.codeact import prompts
@@ -14,6 +15,9 @@ from skyrl_agent.agents.codeact.tools import TOOLS
 from skyrl_agent.agents.session import LLMSession
 from skyrl_agent.envs.env import Env
 from skyrl_agent.types import FinishReason
+
+if TYPE_CHECKING:
+    from skyrl_agent.tasks.families.base import Step
 
 _CWD_MARK = "__SKYRL_CWD__"
 
@@ -38,6 +42,19 @@ class CodeActAgent(ModelAgent):
                 "</parameter>\n</function>",
                 "The commands ran.\n\n<function=finish>\n<parameter=message>\nThe task is "
                 "done.\n</parameter>\n</function>"]
+
+    @classmethod
+    def walkthrough(cls, steps: Sequence[Step], plan: str) -> list[str]:
+        """One execute_bash call per step, its text the finding of the step before, then
+        finish."""
+        replies = []
+        for number, step in enumerate(steps):
+            said = f"Found {steps[number - 1].finding}." if number else plan
+            script = "\n".join(step.commands)
+            replies.append(f"{said}\n\n<function=execute_bash>\n<parameter=command>\n{script}\n"
+                           "</parameter>\n</function>")
+        return [*replies, f"Done: {steps[-1].finding}.\n\n<function=finish>\n"
+                          "<parameter=message>\nThe task is done.\n</parameter>\n</function>"]
 
     async def act(self, env: Env, llm: LLMSession) -> FinishReason:
         self.cwd = env.workdir

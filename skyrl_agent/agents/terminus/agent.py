@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from skyrl_agent.agents.base import ModelAgent, clip
 from skyrl_agent.agents.session import LLMSession
@@ -11,6 +12,9 @@ from skyrl_agent.agents.terminus import prompts
 from skyrl_agent.agents.terminus.parsing import MalformedReply, TerminusReply, parse_reply
 from skyrl_agent.envs.env import Env
 from skyrl_agent.types import FinishReason
+
+if TYPE_CHECKING:
+    from skyrl_agent.tasks.families.base import Step
 
 DEMO_WAIT_S = 1.0
 """A demonstration's wait after typing its commands (the generated tasks' are instant)."""
@@ -37,6 +41,24 @@ class TerminusAgent(ModelAgent):
         confirm = {"analysis": "The commands have run.", "plan": "The task is complete.",
                    "commands": [], "task_complete": True}
         return [json.dumps(act), json.dumps(confirm)]
+
+    @classmethod
+    def walkthrough(cls, steps: Sequence[Step], plan: str) -> list[str]:
+        """One reply per step, its analysis the finding of the step before (so what was found
+        stays in the replies until a summary carries it), then the confirmation."""
+        replies = []
+        for number, step in enumerate(steps):
+            last = number == len(steps) - 1
+            analysis = (f"Found {steps[number - 1].finding}." if number
+                        else "Nothing has been done yet.")
+            keys = "".join(f"{c}\n" for c in step.commands)
+            replies.append(json.dumps({
+                "analysis": analysis, "plan": plan if number == 0 else "Next step.",
+                "commands": [{"keystrokes": keys, "duration": DEMO_WAIT_S}],
+                "task_complete": last}))
+        return [*replies, json.dumps({"analysis": f"Done: {steps[-1].finding}.",
+                                      "plan": "The task is complete.", "commands": [],
+                                      "task_complete": True})]
 
     async def act(self, env: Env, llm: LLMSession) -> FinishReason:
         screen = await self._screen(env)

@@ -40,7 +40,9 @@ class Step:
     commands: tuple[str, ...]
     """Shell commands typed in this turn."""
     finding: str
-    """One line: what the turn's output tells (a teacher's summary lists the findings so far)."""
+    """One line: what the turn's output tells (a demonstration's next reply says it)."""
+    carry: str = ""
+    """What a summary keeps of this step, briefly (empty: the finding)."""
 
 
 @dataclass(frozen=True)
@@ -163,10 +165,23 @@ class GeneratedTask:
             f"difficulty = {self.difficulty}", f"seed = {self.seed}",
             f"split = {_toml_string(split_of(self.name) or '')}",
             f"plan = {_toml_string(self.blueprint.plan)}",
+            *self._walkthrough_toml(),
             'tags = ["generated"]', "",
             "[agent]", "timeout_sec = 120", "",
             "[verifier]", "timeout_sec = 60", "",
             "[environment]", "cpus = 1", "memory_mb = 512", 'network_mode = "no-network"', ""])
+
+    def _walkthrough_toml(self) -> list[str]:
+        """`walkthrough = [{commands = [...], finding = "...", carry = "..."}, ...]` when the
+        blueprint has
+        steps (what `tasks.solution.solution_walkthrough` reads back)."""
+        if not self.blueprint.steps:
+            return []
+        steps = ", ".join(
+            "{commands = [" + ", ".join(_toml_string(c) for c in step.commands) + "], "
+            f"finding = {_toml_string(step.finding)}, carry = {_toml_string(step.carry)}}}"
+            for step in self.blueprint.steps)
+        return [f"walkthrough = [{steps}]"]
 
     def _dockerfile(self) -> str:
         bp = self.blueprint

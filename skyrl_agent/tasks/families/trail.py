@@ -7,7 +7,7 @@ every file nor grepping every `code:` line gives the answer: each file must be r
 which one comes next, and the codes found early must be carried to the end.
 
 Sized for the embedded budget (a 2,048-token context; SmolLM2's tokenizer): the trail's files
-take 600-800 tokens at difficulty 1, so a walkthrough fits; 1,200-1,500 at difficulty 2 and
+take 380-540 tokens at difficulty 1, so a walkthrough fits; 1,200-1,500 at difficulty 2 and
 1,900-2,300 at difficulty 3, which with the system prompt, the task and the replies is more
 than the context holds. An agent gets there only by carrying what it found across a context
 reset (a summary, or notes it keeps in files).
@@ -20,7 +20,7 @@ import random
 from skyrl_agent.tasks.families.base import Blueprint, Family, Step, check_answer
 from skyrl_agent.tasks.families.words import ADJECTIVES, NOUNS
 
-TRAIL_LENGTHS = {1: 3, 2: 6, 3: 9}
+TRAIL_LENGTHS = {1: 2, 2: 6, 3: 9}
 """Clue files on the trail, by difficulty."""
 DECOYS = {1: 2, 2: 3, 3: 4}
 """Clue files off the trail, by difficulty."""
@@ -82,10 +82,11 @@ def build_follow_clues(rng: random.Random, difficulty: int) -> Blueprint:
     steps = tuple(
         Step(commands=(f"clear; cat {CLUES}/{name}",),
              finding=f"clue {index + 1} ({name}): code {codes[index]}, next "
-                     f"{trail[index + 1] if index + 1 < length else 'none'}")
+                     f"{trail[index + 1] if index + 1 < length else 'none'}",
+             carry=f"clue {index + 1} code {codes[index]}")
         for index, name in enumerate(trail))
     steps += (Step(commands=(f"echo {answer} > {ANSWER}",),
-                   finding=f"wrote the {length} codes to {ANSWER}"),)
+                   finding=f"wrote the {length} codes to {ANSWER}", carry="answer written"),)
     return Blueprint(instruction=instruction, checks=check_answer(ANSWER, answer.replace(" ", "")),
                      solution=solution, files=files, steps=steps,
                      plan=f"Read each clue with cat, note its code and next file, then write "
