@@ -39,6 +39,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -157,18 +158,27 @@ def one_seed(config: RunConfig, settings: RecipeSettings, sft_model: Path, root:
     base_settings = replace(settings, eval_samples=base_samples or settings.eval_samples)
     result.scores["base"] = timed(stages, f"seed {seed} eval base", lambda: evaluate(
         config, base_settings, base, out / "eval-base"))
-    result.scores["sft"] = timed(stages, f"seed {seed} eval sft", lambda: evaluate(
-        config, settings, str(sft_model), out / "eval-sft"))
-    rl_model = out / "rl-model"
-    result.rl_rewards = timed(stages, f"seed {seed} train + export", lambda: in_child(
-        rl_stage, config, settings, sft_model, out / "train", rl_model,
-        log_file=root / "stages.log"))
-    result.scores["rl"] = timed(stages, f"seed {seed} eval rl", lambda: evaluate(
-        config, settings, str(rl_model), out / "eval-rl"))
+    result.scores["sft"], result.rl_rewards, result.scores["rl"] = sft_then_rl(
+        config, settings, sft_model, out, f"seed {seed}", stages)
     result.families = {m: by_family(out / f"eval-{m}") for m in result.scores}
     print(f"  seed {seed}: " + ", ".join(f"{k} {v.pass_rate:.3f}" for k, v in
                                          result.scores.items()), flush=True)
     return result
+
+
+def sft_then_rl(config: RunConfig, settings: RecipeSettings, sft_model: Path, out: Path,
+                label: str, stages: Stages) -> tuple[Score, list[float], Score]:
+    """Held-out score of the SFT model, RL from it (in a child process; the training reward of
+    every step), held-out score of the RL model: each a stage under `out`."""
+    sft = timed(stages, f"{label} eval sft", lambda: evaluate(
+        config, settings, str(sft_model), out / "eval-sft"))
+    rl_model = out / "rl-model"
+    rewards = timed(stages, f"{label} train + export", lambda: in_child(
+        rl_stage, config, settings, sft_model, out / "train", rl_model,
+        log_file=out.parent / "stages.log"))
+    rl = timed(stages, f"{label} eval rl", lambda: evaluate(
+        config, settings, str(rl_model), out / "eval-rl"))
+    return sft, rewards, rl
 
 
 def spread(values: list[float]) -> float:
@@ -234,6 +244,12 @@ def plot(runs: list[SeedRun], path: Path, steps: int) -> None:
     right.set(title="RL: training reward per step", xlabel="step", ylim=(-0.02, 1.02))
     left.legend()
     right.legend()
+    save_figure(figure, path)
+
+
+def save_figure(figure, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
@@ -241,31 +257,45 @@ def plot(runs: list[SeedRun], path: Path, steps: int) -> None:
 
 def write_results(args: argparse.Namespace, settings: RecipeSettings, runs: list[SeedRun],
                   stages: Stages) -> None:
-    wall = sum(stage.seconds for stage in stages.done.values())
     args.results.mkdir(parents=True, exist_ok=True)
     png = args.results / "learning_curve.png"
     plot(runs, png, settings.rl_steps)
-    lines = ["# benchmarks/learning_curve.py", "",
-             f"Command: `.venv/bin/python benchmarks/learning_curve.py {' '.join(sys.argv[1:])}`",
+    write_report(args.results / "learning_curve.md", args, settings, stages, [
+        *table(runs), "", *verdicts(runs), "",
+        "Held-out samples passed, by task family:", "", *family_table(runs), "",
+        f"![curve]({png.name})"])
+
+
+def write_report(path: Path, args: argparse.Namespace, settings: RecipeSettings,
+                 stages: Stages, body: list[str]) -> None:
+    """A staged benchmark's results file: the command and settings that reproduce it, `body`,
+    then every stage's wall-clock; printed too."""
+    script = Path(sys.argv[0]).name
+    wall = sum(stage.seconds for stage in stages.done.values())
+    lines = [f"# benchmarks/{script}", "",
+             f"Command: `.venv/bin/python benchmarks/{script} {' '.join(sys.argv[1:])}`",
              "", "Settings: " + ", ".join(f"{k}={v}" for k, v in asdict(settings).items()),
              f"; overrides: {' '.join(args.set)}", "",
              f"Held-out tasks: `{settings.heldout_source}`; demonstrations: "
-             f"`{settings.train_source}`; RL: `{settings.rl_source}`.", "", *table(runs), "",
-             *verdicts(runs), "",
-             "Held-out samples passed, by task family:", "", *family_table(runs), "",
-             f"![curve]({png.name})", "", "| stage | seconds | load before | load after |",
-             "|---|---:|---:|---:|",
+             f"`{settings.train_source}`; RL: `{settings.rl_source}`.", "", *body, "",
+             "| stage | seconds | load before | load after |", "|---|---:|---:|---:|",
              *[f"| {k} | {v.seconds:.0f} | {v.load_before:.1f} | {v.load_after:.1f} |"
                for k, v in stages.done.items()],
              "", f"Wall-clock, all stages: {wall / 60:.1f} min on {os.cpu_count()} cores."]
-    (args.results / "learning_curve.md").write_text("\n".join(lines) + "\n")
+    path.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
 def main() -> None:
+    guarded(lambda: run(parse_args()))
+
+
+def guarded(work: Callable[[], None]) -> None:
+    """Run a staged benchmark: a stop or a bad setting is one line (and the same command
+    resumes), never a traceback."""
     stop_on_sigterm()  # a stopped benchmark stops its stage (and its child) on the way out
     try:
-        run(parse_args())
+        work()
     except UserError as error:  # e.g. an output folder holding a run with other settings
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
@@ -277,9 +307,10 @@ def main() -> None:
         sys.exit(130)
 
 
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--output", type=Path, default=Path("runs/learning-curve"))
+def recipe_parser(description: str, output: str) -> argparse.ArgumentParser:
+    """The options of a staged recipe benchmark, with this benchmark's defaults."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--output", type=Path, default=Path(output))
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--families", default="write-file@2,replace-text@2,sort-lines@2")
@@ -292,9 +323,6 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--groups-per-step", type=int, default=3)
     parser.add_argument("--eval-samples", type=int, default=10)
-    parser.add_argument("--base-eval-samples", type=int, default=2,
-                        help="samples per held-out task for the base model (0: --eval-samples); "
-                        "it passes none, and its replies run to the token limit")
     parser.add_argument("--rl-seeds", type=int, default=48,
                         help="training seeds per family for RL (0: the demonstrations' seeds)")
     parser.add_argument("--set", action="append", default=[
@@ -303,10 +331,20 @@ def parse_args() -> argparse.Namespace:
         "trainer.lora_rank=16", "trainer.skip_uniform_groups=true", "trainer.advantage=dr_grpo",
         "trainer.micro_batch_tokens=1024"],
         help="config overrides (section.key=value), after the defaults shown")
+    return parser
+
+
+def parse_args() -> argparse.Namespace:
+    parser = recipe_parser(__doc__.split("\n")[0], "runs/learning-curve")
+    parser.add_argument("--base-eval-samples", type=int, default=2,
+                        help="samples per held-out task for the base model (0: --eval-samples); "
+                        "it passes none, and its replies run to the token limit")
     return parser.parse_args()
 
 
-def run(args: argparse.Namespace) -> None:
+def warm_started(args: argparse.Namespace) -> tuple[RecipeSettings, RunConfig, Stages, Path]:
+    """The recipe's settings and config from the options, and the shared warm start (the
+    demonstrations and the SFT model, done once; a finished stage is skipped)."""
     settings = RecipeSettings(args.families, args.train_seeds, args.heldout_seeds,
                               args.sft_epochs, 8, args.sft_lr, args.rl_steps, args.rl_lr, args.n,
                               args.groups_per_step, args.eval_samples, args.rl_seeds)
@@ -316,6 +354,11 @@ def run(args: argparse.Namespace) -> None:
     print(f"warm start -> {args.output}", flush=True)
     sft_model = warm_start(config.model_copy(update={"trainer": config.trainer.model_copy(
         update={"lora_rank": 0})}), settings, args.output, stages)
+    return settings, config, stages, sft_model
+
+
+def run(args: argparse.Namespace) -> None:
+    settings, config, stages, sft_model = warm_started(args)
     runs = [one_seed(config, settings, sft_model, args.output, seed, stages,
                      args.base_eval_samples)
             for seed in args.seeds]

@@ -16,7 +16,7 @@ import pytest
 
 from skyrl_agent.data.run_dir import RunDir
 from skyrl_agent.data.store import TrajectoryStore
-from skyrl_agent.evaluation.stats import describe_time, pass_at_k, summarize
+from skyrl_agent.evaluation.stats import describe_time, pass_at_curve, pass_at_k, summarize
 from tests.test_html_report import dump_dom
 from tests.test_store import make_trajectory
 
@@ -87,18 +87,27 @@ def test_pass_at_k_leaves_masked_samples_out():
     assert summary.masked == 2 and summary.reward_mean == pytest.approx(3 / 6)
 
 
-def test_pass_at_k_only_for_k_every_task_supports():
-    """Stops: taking the k values from the largest group. With 4 samples of one task and 2
-    (unmasked) of another, pass@4 is not defined for the second, so it is not reported."""
+def test_pass_at_k_averages_the_tasks_with_enough_unmasked_samples():
+    """Stops: one task with few (or no) unmasked samples hiding pass@k for the whole run, and
+    pass@k averaging in a task that has fewer than k unmasked samples. With 4 unmasked samples
+    of one task, 2 of another, 2 of a third and none of a fourth, pass@1 and pass@2 are over
+    three tasks, pass@4 over one, and the fully masked task is counted as left out."""
     runs = [make_trajectory("demo/a", i, reward) for i, reward in enumerate([1, 0, 0, 0])]
     runs += [make_trajectory("demo/b", i, reward) for i, reward in enumerate([0, 1])]
     runs += [masked(make_trajectory("demo/c", i, 0)) for i in range(3)]
     runs += [make_trajectory("demo/c", 3 + i, reward) for i, reward in enumerate([0, 0])]
+    runs += [masked(make_trajectory("demo/d", i, 1)) for i in range(2)]
     summary = summarize(runs)
-    assert set(summary.pass_at) == {1, 2}
+    assert set(summary.pass_at) == {1, 2, 4}
     assert summary.pass_at[1] == pytest.approx((1 / 4 + 1 / 2 + 0) / 3)
     assert summary.pass_at[2] == pytest.approx((1 / 2 + 1 + 0) / 3)
-    assert summarize([masked(make_trajectory("demo/a", 0))]).pass_at == {}
+    assert summary.pass_at[4] == 1.0
+    assert summary.pass_at_tasks == {1: 3, 2: 3, 4: 1} and summary.unscored_tasks == 1
+    assert pass_at_curve(summary) == pytest.approx({1: summary.pass_at[1],
+                                                    2: summary.pass_at[2], 3: 1 - 1 / 4,
+                                                    4: 1.0})
+    nothing = summarize([masked(make_trajectory("demo/a", 0))])
+    assert nothing.pass_at == {} and nothing.unscored_tasks == 1
 
 
 def write_run(run_dir: Path, count: int) -> None:
@@ -200,12 +209,28 @@ def test_html_report_renders_in_headless_chromium(tmp_path, smollm2_dir):
     assert list(counts.charts) == [*RUN_CHARTS, *TRAINING_CHARTS]
     assert counts.charts_drawn == str(len(counts.charts))
     assert all(chart["drawn"] == "1" for chart in counts.charts.values()), counts.charts
-    # Tasks t0 and t1 have 3 and 2 samples: pass@k for k = 1, 2; one bar per task.
-    assert counts.charts["chart-pass-at-k"] == {"drawn": "1", "series": 1, "bar": 0, "point": 2}
+    # Tasks t0 and t1 have 3 and 2 samples: pass@k for k = 1..3 (pass@3 over t0 alone); one
+    # bar per task.
+    assert counts.charts["chart-pass-at-k"] == {"drawn": "1", "series": 1, "bar": 0, "point": 3}
     assert counts.charts["chart-task-reward"]["bar"] == 2
     assert counts.charts["chart-turns"]["bar"] >= 1 and counts.charts["chart-tokens"]["bar"] >= 1
     assert counts.charts["chart-train-reward-mean"]["series"] == 2
     assert all(counts.charts[name]["series"] >= 1 for name in TRAINING_CHARTS)
+
+
+def test_eval_reports_pass_at_k_beside_a_fully_masked_task(tmp_path):
+    """Stops: one fully masked task hiding pass@k for the whole run (the metric printed over
+    the other tasks, the exclusion said), and a pass@k that quietly averages fewer tasks."""
+    write_run(tmp_path / "a", 4)  # demo/t0 and demo/t1, two samples each, reward 1
+    store = TrajectoryStore(tmp_path / "a", writable=True)
+    store.append([masked(make_trajectory("demo/t2", i)) for i in range(2)]
+                 + [make_trajectory("demo/t0", 4, 0.0)])
+    store.close()
+    result = cli("eval", str(tmp_path / "a"))
+    assert result.returncode == 0, result.stderr
+    # t0: 2 of 3 passed, t1: 2 of 2; pass@3 holds t0 alone.
+    assert "pass@1 0.833, pass@2 1.000, pass@3 1.000 (over 1 of 2 tasks)," in result.stdout
+    assert "left out of pass@k: 1 of 3 tasks with every sample masked" in result.stdout
 
 
 def test_eval_prints_stats_compares_and_exports_atif(tmp_path, smollm2_dir):

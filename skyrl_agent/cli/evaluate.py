@@ -74,7 +74,7 @@ def eval_run(
 def print_summary(summary: RunSummary, title: str) -> None:
     from skyrl_agent.evaluation.stats import describe_time
 
-    pass_at = "".join(f"pass@{k} {v:.3f}, " for k, v in summary.pass_at.items())
+    pass_at = "".join(f"pass@{k} {v:.3f}{_over(summary, k)}, " for k, v in summary.pass_at.items())
     console.print(f"[bold]{title}[/bold]: {summary.trajectories} trajectories, {summary.tasks} "
                   f"tasks, reward mean {summary.reward_mean:.3f}, {pass_at}"
                   f"masked {summary.masked}", highlight=False)
@@ -82,6 +82,9 @@ def print_summary(summary: RunSummary, title: str) -> None:
                   f", completion tokens {summary.completion_tokens_mean:.0f}, summaries "
                   f"{summary.summaries_total}, drift tokens {summary.drift_tokens_mean:.1f}; "
                   f"finish reasons {summary.finish_reasons}", highlight=False)
+    if summary.unscored_tasks:
+        console.print(f"left out of pass@k: {summary.unscored_tasks} of {summary.tasks} tasks "
+                      "with every sample masked", highlight=False)
     console.print(f"seconds per trajectory: {describe_time(summary.time_account)}",
                   highlight=False)
     table = Table("task", "samples", "passed", "reward mean", "masked", "turns")
@@ -89,6 +92,13 @@ def print_summary(summary: RunSummary, title: str) -> None:
         table.add_row(row.task_id, str(row.samples), str(row.passed), f"{row.reward_mean:.3f}",
                       str(row.masked), f"{row.turns_mean:.1f}")
     console.print(table)
+
+
+def _over(summary: RunSummary, k: int) -> str:
+    """` (over N of M tasks)` when pass@k leaves out scored tasks (fewer than k unmasked
+    samples); the fully masked ones are said once, apart."""
+    counted, scored = summary.pass_at_tasks[k], summary.tasks - summary.unscored_tasks
+    return "" if counted == scored else f" (over {counted} of {scored} tasks)"
 
 
 def print_comparison(a: RunSummary, b: RunSummary, names: tuple[str, str]) -> None:

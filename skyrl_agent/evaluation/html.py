@@ -152,7 +152,10 @@ const el = (tag, attrs = {}, ...children) => {
 const fmt = x => (x === null || x === undefined) ? "" : (typeof x === "number" ? x.toFixed(3) : String(x));
 document.getElementById("title").textContent = data.title;
 const s = data.summary;
-const passAt = Object.entries(s.pass_at).map(([k, v]) => `pass@${k} ${fmt(v)}`).join(", ");
+const scored = s.tasks - s.unscored_tasks;
+const over = k => s.pass_at_tasks[k] < scored ? ` (over ${s.pass_at_tasks[k]} of ${scored} tasks)` : "";
+const passAt = Object.entries(s.pass_at).map(([k, v]) => `pass@${k} ${fmt(v)}${over(k)}`).join(", ")
+  + (s.unscored_tasks ? `; left out of pass@k: ${s.unscored_tasks} tasks with every sample masked` : "");
 document.getElementById("summary").append(
   el("p", {}, `${s.trajectories} trajectories over ${s.tasks} tasks; reward mean ${fmt(s.reward_mean)}; ${passAt}; masked ${s.masked}`),
   el("p", {}, `finish reasons: ${JSON.stringify(s.finish_reasons)}; turns ${fmt(s.turns_mean)}; completion tokens ${fmt(s.completion_tokens_mean)}; summaries ${s.summaries_total}; drift ${fmt(s.drift_tokens_mean)}`),

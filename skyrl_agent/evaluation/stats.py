@@ -41,7 +41,12 @@ class RunSummary:
     """Mean reward over unmasked trajectories."""
     masked: int
     pass_at: dict[int, float]
-    """k -> mean over tasks of the unbiased pass@k (k up to the smallest group size)."""
+    """k -> mean of the unbiased pass@k over the tasks with at least k unmasked samples (k up
+    to the most any task has)."""
+    pass_at_tasks: dict[int, int]
+    """k -> how many tasks pass@k is the mean over (the others have fewer unmasked samples)."""
+    unscored_tasks: int
+    """Tasks whose every sample is masked: no pass@k holds them."""
     finish_reasons: dict[str, int]
     turns_mean: float
     completion_tokens_mean: float
@@ -59,21 +64,25 @@ def _mean(values: list[float]) -> float:
 
 def _ks(n: int) -> list[int]:
     ks = [k for k in (1, 2, 4, 8, 16, 32, 64) if k <= n]
-    return ks + ([n] if n not in ks else [])
+    return ks + ([n] if n and n not in ks else [])
 
 
-def _fewest_scored(rows: list[TaskRow]) -> int:
-    return min((r.samples - r.masked for r in rows), default=0)
+def _scored(row: TaskRow) -> int:
+    return row.samples - row.masked
 
 
 def _pass_at(rows: list[TaskRow], ks: list[int]) -> dict[int, float]:
-    return {k: _mean([pass_at_k(r.samples - r.masked, r.passed, k) for r in rows]) for k in ks}
+    """k -> mean pass@k over the rows with at least k unmasked samples (ks none of them has
+    are left out)."""
+    return {k: _mean([pass_at_k(_scored(r), r.passed, k) for r in rows if _scored(r) >= k])
+            for k in ks if any(_scored(r) >= k for r in rows)}
 
 
 def pass_at_curve(summary: RunSummary) -> dict[int, float]:
-    """k -> mean over tasks of pass@k for every k from 1 to the fewest unmasked samples of any
-    task (empty when some task has none)."""
-    return _pass_at(summary.per_task, list(range(1, _fewest_scored(summary.per_task) + 1)))
+    """k -> pass@k for every k from 1 to the most unmasked samples of any task, each over the
+    tasks with at least k (empty when no task has any)."""
+    most = max((_scored(r) for r in summary.per_task), default=0)
+    return _pass_at(summary.per_task, list(range(1, most + 1)))
 
 
 def summarize(trajectories: list[Trajectory]) -> RunSummary:
@@ -87,8 +96,8 @@ def summarize(trajectories: list[Trajectory]) -> RunSummary:
                             sum(t.reward.value >= PASS_THRESHOLD for t in scored),
                             _mean([t.reward.value for t in scored]),
                             len(samples) - len(scored), _mean([t.num_turns for t in samples])))
-    smallest = _fewest_scored(rows)
-    pass_at = _pass_at(rows, _ks(smallest)) if smallest else {}
+    ks = _ks(max((_scored(r) for r in rows), default=0))
+    pass_at = _pass_at(rows, ks)
     unmasked = [t for t in trajectories if not t.masked]
 
     def metric(name: str) -> list[float]:
@@ -98,6 +107,8 @@ def summarize(trajectories: list[Trajectory]) -> RunSummary:
         trajectories=len(trajectories), tasks=len(rows),
         reward_mean=_mean([t.reward.value for t in unmasked]),
         masked=len(trajectories) - len(unmasked), pass_at=pass_at,
+        pass_at_tasks={k: sum(_scored(r) >= k for r in rows) for k in pass_at},
+        unscored_tasks=sum(_scored(r) == 0 for r in rows),
         finish_reasons=dict(Counter(t.finish_reason.value for t in trajectories)),
         turns_mean=_mean([t.num_turns for t in trajectories]),
         completion_tokens_mean=_mean(metric("completion_tokens")),
