@@ -149,3 +149,22 @@ async def test_retrieve_future_long_polls_then_says_try_again_and_410_for_unknow
                 assert reply.status == 400 and "request_id" in (await reply.json())["detail"]
     finally:
         await runner.cleanup()
+
+
+def test_the_server_logs_its_own_info_and_only_warnings_of_libraries():
+    """Stops: the Tinker server's logging at INFO for every library, which printed pages of
+    TorchDynamo compile metrics (at exit too) into the test output and the terminal."""
+    import subprocess
+    import sys
+
+    script = ("import logging\n"
+              "from skyrl_agent.tinker.server import server_logging\n"
+              "server_logging()\n"
+              "logging.getLogger('torch._dynamo.utils').info('dynamo compile metrics')\n"
+              "logging.getLogger('aiohttp.access').info('GET /api/v1/healthz')\n"
+              "logging.getLogger('torch._dynamo.utils').warning('a library warning')\n"
+              "logging.getLogger('skyrl_agent.tinker.service').info('session created')\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=60, check=True)
+    assert "session created" in result.stderr and "a library warning" in result.stderr
+    assert "dynamo compile metrics" not in result.stderr and "healthz" not in result.stderr

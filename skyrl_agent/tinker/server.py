@@ -31,6 +31,12 @@ async def serve(options: ServiceOptions, api_key: str, host: str = "127.0.0.1",
 
 
 def run(options: ServiceOptions, api_key: str, host: str = "127.0.0.1", port: int = 8000) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    logging.getLogger("aiohttp").setLevel(logging.WARNING)
+    server_logging()
     asyncio.run(serve(options, api_key, host, port))
+
+
+def server_logging() -> None:
+    """The server's own info messages on stderr; libraries' warnings only (torch's compiler
+    logs pages of INFO lines, at exit too, and aiohttp one per request)."""
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("skyrl_agent").setLevel(logging.INFO)
