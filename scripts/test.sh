@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Sets up and runs the gates (ruff, mypy) and every test tier: unit, slow, and Docker (engine
-# started here when possible). Extra arguments go to pytest, e.g. scripts/test.sh -m "not docker".
+# Sets up and runs the gates (ruff, mypy, the docs) and every test tier: unit, slow, and Docker
+# (engine started here when possible). Extra arguments go to pytest, e.g.
+# scripts/test.sh -m "not docker".
 # Tests run in SKYRL_AGENT_TEST_WORKERS parallel workers (default 2: most of a test's time is
 # spent waiting on sandboxes, servers and Docker, so two overlap well even on 2 cores); a test
 # file stays on one worker (its module fixtures start once) and tests marked `serial` run alone.
@@ -9,6 +10,12 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh --dev || exit $?
 .venv/bin/ruff check skyrl_agent tests benchmarks scripts || exit 1
 .venv/bin/mypy || exit 1
+# The docs: reference pages as the code generates them, and the site built with --strict (a
+# broken link or a page left out of the navigation fails).
+.venv/bin/python scripts/docs_reference.py --check || exit 1
+site=$(mktemp -d)
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict -q -d "$site" || { rm -rf "$site"; exit 1; }
+rm -rf "$site"
 
 started=""
 if [ "$(id -u)" = 0 ] && command -v dockerd >/dev/null; then

@@ -29,7 +29,7 @@ def cache_dir() -> Path:
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 @dataclass(frozen=True)
