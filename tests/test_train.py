@@ -17,6 +17,7 @@ from skyrl_agent.config import load_config
 from skyrl_agent.data.store import TrajectoryStore
 from skyrl_agent.jobs.train import TrainJob, reference_run
 from skyrl_agent.trainers.checkpoints import Checkpoints
+from skyrl_agent.trainers.estimate import rates_path, remembered
 from skyrl_agent.trainers.loop import oldest_version
 from skyrl_agent.trainers.metrics import read_metrics
 from skyrl_agent.types import TrajectoryGroup
@@ -69,6 +70,12 @@ def test_no_trained_token_is_older_than_the_bound(model, work_root, tmp_path, mo
     assert [r["step"] for r in rows] == list(range(6))
     assert max(r["staleness_max"] for r in rows) == 1  # the async path did run ahead
     assert all(r["sampled_tokens"] > 0 and 0 <= r["pass_rate"] <= 1 for r in rows)
+    # The last step's costs per sample are kept for the next plan's time estimate.
+    kept = remembered(config, Path(model))
+    assert kept is not None and kept.source == "measured by run, step 5"
+    assert kept.tokens == pytest.approx(rows[-1]["sampled_tokens"] / 8)
+    assert kept.train_s == pytest.approx(rows[-1]["train_s"] / 8)
+    rates_path(config, Path(model)).unlink()
     assert (tmp_path / "run" / "tensorboard").is_dir()
     # The same steps went to W&B: its offline record names every metric of every step.
     [record] = (tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb")

@@ -85,7 +85,7 @@ def train(
 
         placement = ray_placement()
     job = TrainJob(settings, settings.output_dir, resume=resume, placement=placement)
-    console.print(job.plan())
+    console.print(job.plan(calibrate=dry_run))
     if dry_run:
         return
     setup_logging(job.run_dir.run_log)

@@ -22,6 +22,7 @@ from skyrl_agent.jobs.placement import local_workers
 from skyrl_agent.jobs.prepare import REFERENCE, TRAIN, prepare_run, record_of, train_record
 from skyrl_agent.tasks.model import TaskSpec
 from skyrl_agent.trainers.checkpoints import Checkpoints, LoopState
+from skyrl_agent.trainers.estimate import estimate_step, remember
 from skyrl_agent.trainers.loop import AsyncLoop
 from skyrl_agent.trainers.metrics import MetricsLog
 from skyrl_agent.trainers.reference_loop import reference_loop
@@ -72,8 +73,9 @@ class TrainJob:
         if resume:
             self._check_resumable()
 
-    def plan(self) -> str:
-        """What the run will do, in a few lines (`train --dry-run`)."""
+    def plan(self, calibrate: bool = False) -> str:
+        """What the run will do, in a few lines; with `calibrate` (`train --dry-run`), a step's
+        time is measured when no earlier run here measured it."""
         trainer = self.config.trainer
         per_step = trainer.groups_per_step or len(self.tasks)
         n = self.config.collector.n_samples_per_task
@@ -90,6 +92,7 @@ class TrainJob:
             f"{trainer.checkpoint_every} steps into {self.run_dir.checkpoints}",
             f"resume from {latest}" if latest else "starting from the model's weights",
             self._where(),
+            *estimate_step(self.config, self.model_folder, per_step * n, calibrate).lines(),
         ])
 
     def _where(self) -> str:
@@ -141,8 +144,13 @@ class TrainJob:
         if state.step:  # the servers start from the model's weights
             await publish(workers.backend, workers.servers, state.step)
 
+        per_step = (self.config.trainer.groups_per_step or len(self.tasks)) \
+            * self.config.collector.n_samples_per_task
+
         def step_done(result: StepResult) -> None:
             metrics.record(result)
+            remember(self.config, self.model_folder, result.metrics, per_step,
+                     f"measured by {self.run_dir.path.name}, step {result.step}")
             on_step(result)
 
         async def checkpoint(loop_state: LoopState) -> None:

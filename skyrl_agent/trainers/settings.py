@@ -87,11 +87,14 @@ def make_backend(config: RunConfig, model: str | None = None,
     a sharded backend's ranks started by `ranks` (default: processes of this one)."""
     from skyrl_agent.inference.models import resolve_model
 
-    trainer = config.trainer
-    lora = LoraSettings(rank=trainer.lora_rank, alpha=trainer.lora_alpha) \
+    return build_backend(resolve_model(model or config.inference.model), config.trainer,
+                         lora_settings(config.trainer), config.seed, ranks)
+
+
+def lora_settings(trainer: TrainerConfig) -> LoraSettings | None:
+    """The LoRA adapters `trainer` asks for; None for a full fine-tune."""
+    return LoraSettings(rank=trainer.lora_rank, alpha=trainer.lora_alpha) \
         if trainer.lora_rank else None
-    return build_backend(resolve_model(model or config.inference.model), trainer, lora,
-                         config.seed, ranks)
 
 
 def build_backend(folder: Path, trainer: TrainerConfig, lora: LoraSettings | None,
