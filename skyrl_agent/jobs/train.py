@@ -73,6 +73,12 @@ class TrainJob:
         if resume:
             self._check_resumable()
 
+    @property
+    def samples_per_step(self) -> int:
+        """Samples one step trains: groups (or every task) x samples per task."""
+        return ((self.config.trainer.groups_per_step or len(self.tasks))
+                * self.config.collector.n_samples_per_task)
+
     def plan(self, calibrate: bool = False) -> str:
         """What the run will do, in a few lines; with `calibrate` (`train --dry-run`), a step's
         time is measured when no earlier run here measured it."""
@@ -92,7 +98,8 @@ class TrainJob:
             f"{trainer.checkpoint_every} steps into {self.run_dir.checkpoints}",
             f"resume from {latest}" if latest else "starting from the model's weights",
             self._where(),
-            *estimate_step(self.config, self.model_folder, per_step * n, calibrate).lines(),
+            *estimate_step(self.config, self.model_folder, self.samples_per_step,
+                           calibrate).lines(),
         ])
 
     def _where(self) -> str:
@@ -144,12 +151,9 @@ class TrainJob:
         if state.step:  # the servers start from the model's weights
             await publish(workers.backend, workers.servers, state.step)
 
-        per_step = (self.config.trainer.groups_per_step or len(self.tasks)) \
-            * self.config.collector.n_samples_per_task
-
         def step_done(result: StepResult) -> None:
             metrics.record(result)
-            remember(self.config, self.model_folder, result.metrics, per_step,
+            remember(self.config, self.model_folder, result.metrics, self.samples_per_step,
                      f"measured by {self.run_dir.path.name}, step {result.step}")
             on_step(result)
 

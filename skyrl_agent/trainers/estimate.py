@@ -154,7 +154,7 @@ def estimate_step(config: RunConfig, model_folder: Path, samples: int,
     if config.agent.max_sampled_tokens is not None:
         per_sample = min(per_sample, config.agent.max_sampled_tokens)
     measured = rates is not None and rates.tokens is not None
-    if rates is not None and rates.tokens is not None:
-        per_sample = rates.tokens
+    if measured:
+        per_sample = rates.tokens  # type: ignore[union-attr,assignment]
     seconds = None if rates is None else samples * (rates.train_s + (rates.wait_s or 0.0))
     return StepEstimate(samples, int(samples * per_sample), not measured, seconds, rates)
