@@ -26,7 +26,8 @@ if [ "$(id -u)" = 0 ] && command -v dockerd >/dev/null; then
 fi
 
 workers="${SKYRL_AGENT_TEST_WORKERS:-2}"
-.venv/bin/python -m pytest -q -p no:cacheprovider -n "$workers" --dist loadfile "$@"
+# --durations lists the slowest tests: the suite must stay under 30 minutes on 2 cores.
+.venv/bin/python -m pytest -q -p no:cacheprovider -n "$workers" --dist loadfile --durations=25 "$@"
 status=$?
 # Tests must leave no local sandbox behind (no folder, no mounted disk, no cgroup), and no
 # trainer's shared-memory weights file.

@@ -39,7 +39,8 @@ def own_cache(tmp_path, monkeypatch, smollm2_dir) -> Path:
 
 
 def fake(rates: Rates) -> None:
-    config = load_config(None, ["agent.name=terminus"])
+    """Rates remembered for TERMINUS's workload."""
+    config = load_config(None, ["agent.name=terminus", "tasks.source=gen:write-file:train:5"])
     path = rates_path(config, resolve_model(config.inference.model))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(dataclasses.asdict(rates)))
@@ -63,7 +64,8 @@ def test_the_dry_run_warns_when_a_step_will_take_minutes(own_cache, tmp_path):
 
 def test_without_a_measurement_the_dry_run_calibrates_and_remembers(own_cache, tmp_path):
     """Stops: a dry run that measures nothing when nothing was measured before, or one that
-    measures again every time (the calibration is kept for the next plan)."""
+    measures again every time (the calibration is kept for the next plan, whatever its
+    workload)."""
     result = run("train", "--dry-run", *TERMINUS, "--output", str(tmp_path / "x"))
     assert result.returncode == 0, result.stderr
     assert "(calibration passes scaled to the 2048-token context)" in result.stdout
@@ -73,6 +75,11 @@ def test_without_a_measurement_the_dry_run_calibrates_and_remembers(own_cache, t
     stored.write_text(json.dumps(dataclasses.asdict(dataclasses.replace(kept, source="kept"))))
     again = run("train", "--dry-run", *TERMINUS, "--output", str(tmp_path / "x"))
     assert "on this machine (kept)" in again.stdout
+    # It bounds training alone: another workload of the same model and trainer uses it too.
+    other = run("train", "--dry-run", "--agent", "answer", "--tasks", "toy", "--output",
+                str(tmp_path / "y"))
+    assert "on this machine (kept)" in other.stdout
+    assert len(list((own_cache / "step-rates").iterdir())) == 1
 
 
 def test_a_finished_step_is_remembered_per_sample(own_cache):
@@ -88,6 +95,9 @@ def test_a_finished_step_is_remembered_per_sample(own_cache):
     estimate = estimate_step(config, folder, samples=10, measure=False)
     assert (estimate.tokens, estimate.bound, estimate.seconds) == (1000, False, 30.0)
     assert estimate.seconds < WARN_AFTER_S and len(estimate.lines()) == 1
-    lora = load_config(None, ["agent.name=terminus", "trainer.lora_rank=8"])
-    assert rates_path(lora, folder) != rates_path(config, folder)
+    # Another trainer setting, agent, task set or budget samples and trains other amounts.
+    for other in (["agent.name=terminus", "trainer.lora_rank=8"], ["agent.name=openhands"],
+                  ["agent.name=terminus", "tasks.source=swe-mini"],
+                  ["agent.name=terminus", "agent.max_turns=3"]):
+        assert rates_path(load_config(None, other), folder) != rates_path(config, folder), other
     assert os.path.dirname(rates_path(config, folder)) == str(own_cache / "step-rates")

@@ -334,6 +334,9 @@ def test_every_route_but_health_needs_the_servers_key(server):
     key_file = server.log_path.parent / "data" / "api-key"
     assert key_file.stat().st_mode & 0o777 == 0o600
     assert server.api_key not in server.log_path.read_text()
+    # The SDK sends telemetry by default and logs a traceback for any answer but its own type.
+    status, answer = _post(f"{api}/telemetry", b"{}", {**plain, "X-API-Key": server.api_key})
+    assert status == 200 and types.TelemetryResponse.model_validate_json(answer)
 
 
 def test_bodies_are_bounded_by_the_largest_request_the_sdk_sends(server):

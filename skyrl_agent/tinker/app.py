@@ -65,7 +65,7 @@ class TinkerApp:
             "save_weights_for_sampler": self.save_weights_for_sampler,
             "create_sampling_session": self.create_sampling_session,
             "asample": self.asample, "retrieve_future": self.retrieve_future,
-            "telemetry": self.ok,
+            "telemetry": self.telemetry,
         }
         for path, handler in post.items():
             app.router.add_post(f"/api/v1/{path}", handler)
@@ -106,6 +106,11 @@ class TinkerApp:
 
     async def ok(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
+
+    async def telemetry(self, request: web.Request) -> web.Response:
+        # Taken and dropped: the SDK sends its events by default and logs a traceback for any
+        # answer but its TelemetryResponse.
+        return web.json_response({"status": "accepted"})
 
     async def client_config(self, request: web.Request) -> web.Response:
         # Plain httpx (not pyqwest), uncompressed protobuf, chunks sent in parallel.

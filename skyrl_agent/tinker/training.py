@@ -23,6 +23,7 @@ from skyrl_agent.tinker.store import (
     write_spec,
 )
 from skyrl_agent.trainers.backend import AdamParams, Datum
+from skyrl_agent.trainers.passes import forward_loss
 
 MAX_REDUCTIONS = ("agreement/max_abs_diff", "off_policy/max_abs_diff")
 SUM_METRICS = ("loss", "tokens")
@@ -42,10 +43,14 @@ def forward_backward(model: TrainingModel, call: ForwardBackwardCall) -> Result:
     if not call.data:
         raise TinkerUserError("forward_backward needs at least one datum")
     check_tokens(call.data, model.base.vocab_size)
-    if call.forward_only:
-        logprobs = model.backend.forward(call.data)
-        return Result(proto=encode_forward_backward(logprobs, {}))
     config = loss_config(call.loss_fn, call.loss_fn_config)
+    if call.forward_only:  # Tinker's forward reports the loss too, without a gradient
+        logprobs = model.backend.forward(call.data)
+        try:
+            metrics = forward_loss(call.data, logprobs, call.loss_fn, config)
+        except ValueError as exc:
+            raise TinkerUserError(str(exc)) from None
+        return Result(proto=encode_forward_backward(logprobs, tinker_metrics(metrics)))
     try:
         output = model.backend.forward_backward(call.data, call.loss_fn, config)
     except ValueError as exc:  # token ids outside the vocabulary, KL without a reference, ...

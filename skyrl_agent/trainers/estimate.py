@@ -1,12 +1,13 @@
 """How long a training step will take, said before the first one starts.
 
 Tokens per step come from the budgets (at most `max_turns x max_tokens` sampled per sample) or,
-when a run of the same model and trainer has run on this machine, from what its samples really
-sampled. Seconds come from what was measured here, remembered in the cache after every training
-step (`remember`): per sample, the seconds the trainer waited for samples and the seconds it
-trained. With no run remembered yet, a short calibration (one forward and backward pass of a
-sequence as long as the context, in the run's trainer) bounds the training part alone: a
-sample costs at most that when its conversation fills the context.
+when a run of the same model, trainer, agent, tasks and budgets has run on this machine, from
+what its samples really sampled. Seconds come from what was measured here, remembered in the
+cache after every training step (`remember`): per sample, the seconds the trainer waited for
+samples and the seconds it trained. With no run remembered yet, a short calibration (one
+forward and backward pass of a sequence as long as the context, in the run's trainer) bounds
+the training part alone: a sample costs at most that when its conversation fills the context.
+A calibration is kept per model, trainer and context, for every workload not yet measured.
 """
 
 from __future__ import annotations
@@ -70,19 +71,36 @@ def _duration(seconds: float) -> str:
 
 
 def rates_path(config: RunConfig, model_folder: Path) -> Path:
-    """Where this model and trainer setting's rates are remembered on this machine."""
+    """Where a run's measured rates are remembered on this machine: per model and trainer
+    setting, and per workload (agent, tasks, budgets, server), since a sample's tokens and
+    waiting depend on all of them."""
+    agent = config.agent
+    return _rates_file(config, model_folder, agent.name, config.tasks.source, agent.max_turns,
+                       agent.max_context_tokens, config.inference.max_tokens,
+                       config.inference.endpoint)
+
+
+def calibration_path(config: RunConfig, model_folder: Path) -> Path:
+    """Where a calibration is remembered: it bounds training alone, which depends only on the
+    model, the trainer setting and the context."""
+    return _rates_file(config, model_folder, "calibration", config.agent.max_context_tokens)
+
+
+def _rates_file(config: RunConfig, model_folder: Path, *workload: object) -> Path:
     trainer = config.trainer
     key = json.dumps([str(model_folder.resolve()), trainer.backend, trainer.lora_rank,
-                      trainer.dtype, trainer.data_parallel, trainer.tensor_parallel])
+                      trainer.dtype, trainer.data_parallel, trainer.tensor_parallel, *workload])
     return cache_dir() / "step-rates" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
 def remembered(config: RunConfig, model_folder: Path) -> Rates | None:
-    path = rates_path(config, model_folder)
-    try:
-        return Rates(**json.loads(path.read_text()))
-    except (OSError, ValueError, TypeError):
-        return None  # none yet, or unreadable: measured again
+    """This workload's measured rates, else a calibration of its model and trainer."""
+    for path in (rates_path(config, model_folder), calibration_path(config, model_folder)):
+        try:
+            return Rates(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError):
+            continue  # none yet, or unreadable: measured again
+    return None
 
 
 def remember(config: RunConfig, model_folder: Path, metrics: Mapping[str, float],
@@ -91,14 +109,13 @@ def remember(config: RunConfig, model_folder: Path, metrics: Mapping[str, float]
     a measurement)."""
     if metrics.get("tokens", 0.0) <= 0 or samples <= 0:
         return
-    _write(config, model_folder, Rates(
+    _write(rates_path(config, model_folder), Rates(
         train_s=metrics.get("train_s", 0.0) / samples,
         wait_s=metrics.get("wait_s", 0.0) / samples,
         tokens=metrics.get("sampled_tokens", 0.0) / samples, source=where))
 
 
-def _write(config: RunConfig, model_folder: Path, rates: Rates) -> None:
-    path = rates_path(config, model_folder)
+def _write(path: Path, rates: Rates) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps(asdict(rates)))
 
@@ -149,7 +166,7 @@ def estimate_step(config: RunConfig, model_folder: Path, samples: int,
     if rates is None and measure:
         rates = calibrate(config, model_folder)
         if rates is not None:
-            _write(config, model_folder, rates)
+            _write(calibration_path(config, model_folder), rates)
     per_sample: float = config.agent.max_turns * config.inference.max_tokens
     if config.agent.max_sampled_tokens is not None:
         per_sample = min(per_sample, config.agent.max_sampled_tokens)

@@ -15,8 +15,16 @@ from typing import Any
 
 import torch
 
+from skyrl_agent.trainers.algorithms.reductions import token_weights
 from skyrl_agent.trainers.backend import Datum, ForwardBackwardOutput
-from skyrl_agent.trainers.loss import LOSS_FNS, LossConfig, agreement, parse_loss_config
+from skyrl_agent.trainers.loss import (
+    LOSS_FNS,
+    LossConfig,
+    MicroBatch,
+    agreement,
+    micro_batch_loss,
+    parse_loss_config,
+)
 
 STAND_IN = Datum((0,), {"target_tokens": (0,), "weights": (0.0,)})
 """A one-token datum with no loss weight. A rank with fewer micro-batches than its peers runs it
@@ -83,6 +91,26 @@ def merge_passes(data: Sequence[Datum], passes: Sequence[PartialPass]) -> Forwar
             stale = agreement(trainer[~current], sampler[~current])
             metrics.update({k.replace("agreement/", "off_policy/"): v for k, v in stale.items()})
     return ForwardBackwardOutput(total, tuple(logprobs[i] for i in range(len(data))), metrics)
+
+
+def forward_loss(data: Sequence[Datum], logprobs: Sequence[Sequence[float]], loss_fn: str,
+                 config: LossConfig) -> dict[str, float]:
+    """The loss (and the loss's metrics) forward_backward would report for these rows at
+    weights whose logprobs of the targets are `logprobs`, without a gradient: what a
+    forward-only pass returns beside the logprobs."""
+    if config.kl_coef > 0:
+        raise ValueError("a forward-only pass has no reference logprobs: kl_coef needs "
+                         "forward_backward")
+    logprobs_BT = torch.zeros(len(data), max(len(d.model_input) for d in data))
+    for row, values in enumerate(logprobs):
+        logprobs_BT[row, : len(values)] = torch.tensor(values, dtype=torch.float64)
+    weights_BT = stack(data, "weights")
+    batch = MicroBatch(logprobs_BT, weights_BT,
+                       token_weights(weights_BT, config.reduction, config.norm_len),
+                       stack(data, "logprobs"), stack(data, "advantages"))
+    with torch.no_grad():
+        loss, metrics = micro_batch_loss(loss_fn, config, batch)
+    return {**metrics, "loss": float(loss)}
 
 
 def _cat(parts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
