@@ -107,7 +107,15 @@ def mean_rl(runs: list[ArmRun], arm: str) -> tuple[float, float]:
     return statistics.mean(rates), spread(rates)
 
 
+def arms_of(runs: list[ArmRun]) -> list[str]:
+    """The arms these runs cover, in ARMS order."""
+    return [arm for arm in ARMS if any(r.arm == arm for r in runs)]
+
+
 def verdict(runs: list[ArmRun]) -> str:
+    if arms_of(runs) != list(ARMS):
+        return f"No verdict: it needs all three arms ({', '.join(ARMS)}), these runs have " \
+               f"{', '.join(arms_of(runs))}."
     means = {arm: mean_rl(runs, arm) for arm in ARMS}
     worst = max(s for _, s in means.values())
     margin = means["summarize"][0] - max(means["truncate"][0], means["none"][0])
@@ -127,7 +135,7 @@ def table(runs: list[ArmRun]) -> list[str]:
                     f"{r.scores['rl'].pass_rate:.3f} | {rl.turns:.1f} | {rl.segments:.2f} | "
                     f"{rl.overflow:.2f} | {train.multi_segment:.2f} | "
                     f"{' '.join(f'{x:.2f}' for x in r.rl_rewards)} |")
-    for arm in ARMS:
+    for arm in arms_of(runs):
         mean, width = mean_rl(runs, arm)
         sft = [r.scores["sft"].pass_rate for r in runs if r.arm == arm]
         rows.append(f"| {arm} | mean (spread) | {statistics.mean(sft):.3f} ({spread(sft):.3f}) | "
@@ -142,7 +150,8 @@ def plot(runs: list[ArmRun], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     figure, axis = plt.subplots(figsize=(6, 4))
-    for index, arm in enumerate(ARMS):
+    arms = arms_of(runs)
+    for index, arm in enumerate(arms):
         mine = [r for r in runs if r.arm == arm]
         for stage, offset in (("sft", -0.15), ("rl", 0.15)):
             rates = [r.scores[stage].pass_rate for r in mine]
@@ -152,7 +161,7 @@ def plot(runs: list[ArmRun], path: Path) -> None:
                          label=stage.upper() if index == 0 else None)
             axis.hlines(statistics.mean(rates), index + offset - 0.1, index + offset + 0.1,
                         color="black")
-    axis.set_xticks(range(len(ARMS)), list(ARMS))
+    axis.set_xticks(range(len(arms)), arms)
     axis.set(title="held-out pass@1 by context management", ylim=(-0.02, 1.02))
     axis.legend()
     save_figure(figure, path)

@@ -295,7 +295,7 @@ def test_errors_reach_the_sdk_as_one_clear_message(service):
     client = service.create_lora_training_client(base_model="tiny", rank=4).result()
     with pytest.raises(tinker.RequestFailedError, match="token id 1000000 is outside the voc"):
         client.forward_backward([datum([1, 2, 10**6])], "cross_entropy").result()
-    with pytest.raises(tinker.BadRequestError, match="no checkpoint at"):
+    with pytest.raises(tinker.NotFoundError, match="no checkpoint at"):
         service.create_sampling_client(model_path="tinker://x:train:0/sampler_weights/w").result()
     with pytest.raises(tinker.BadRequestError, match="invalid training run id"):
         service.create_sampling_client(model_path="tinker://../sampler_weights/w").result()
@@ -363,6 +363,8 @@ def test_bodies_are_bounded_by_the_largest_request_the_sdk_sends(server):
     (["--model", "a=smollm2-135m", "--model", "a=smollm2-135m"], "--model 'a' given twice"),
     (["--model", "=x"], "give NAME=FOLDER"),
     (["--tensor-parallel", "2"], "tensor_parallel=2 needs backend=megatron"),
+    (["--tenant", "../x"], "--tenant '../x': a new name"),
+    (["--tenant", "default"], "--tenant 'default': a new name"),
 ])
 def test_tinker_serve_bad_input_is_one_error_line(argv, message, tmp_path):
     import subprocess

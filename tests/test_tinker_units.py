@@ -102,7 +102,8 @@ async def test_retrieve_future_long_polls_then_says_try_again_and_410_for_unknow
         tmp_path):
     """The future protocol over real HTTP: a pending request is held for poll_s and answered
     try_again, a finished one returns its payload (again on a second poll), an error carries
-    its category, and an id this server never issued answers 410 (the SDK then resends)."""
+    its category, and an id this server never issued answers 410 (the SDK then resends), as
+    does another tenant's (ids are counters: a guessed one must not read someone's result)."""
     import aiohttp
     from aiohttp import web
 
@@ -123,14 +124,15 @@ async def test_retrieve_future_long_polls_then_says_try_again_and_410_for_unknow
     async def failing() -> Result:
         raise TinkerUserError("bad datum")
 
-    runner = web.AppRunner(TinkerApp(service, "tml-unit").app())
+    runner = web.AppRunner(TinkerApp(service, {"default": "tml-unit",
+                                                "other": "tml-other"}).app())
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     url = f"http://127.0.0.1:{runner.addresses[0][1]}/api/v1/retrieve_future"
     try:
-        pending, failed = service.futures.submit("OptimStep", slow()), \
-            service.futures.submit("OptimStep", failing())
+        pending, failed = service.futures.submit("OptimStep", slow(), "default"), \
+            service.futures.submit("OptimStep", failing(), "default")
         async with aiohttp.ClientSession(headers={"X-API-Key": "tml-unit"}) as http:
             started = time.monotonic()
             async with http.post(url, json={"request_id": pending}) as reply:
@@ -144,6 +146,9 @@ async def test_retrieve_future_long_polls_then_says_try_again_and_410_for_unknow
             async with http.post(url, json={"request_id": failed}) as reply:
                 assert await reply.json() == {"error": "bad datum", "category": "user"}
             async with http.post(url, json={"request_id": "never-issued"}) as reply:
+                assert reply.status == 410
+            async with http.post(url, json={"request_id": pending},
+                                 headers={"X-API-Key": "tml-other"}) as reply:
                 assert reply.status == 410
             async with http.post(url, json={"nonsense": 1}) as reply:
                 assert reply.status == 400 and "request_id" in (await reply.json())["detail"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated
 
@@ -10,6 +11,9 @@ import typer
 KEY_ENV = "SKYRL_AGENT_TINKER_API_KEY"
 KEY_FILE = "api-key"
 """In the data dir: the key the server made when none was given (mode 0600)."""
+TENANT_KEYS = "api-keys"
+"""In the data dir: one key file per named tenant (mode 0600), made on its first start."""
+TENANT_NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
 
 
 def tinker_serve(
@@ -40,6 +44,11 @@ def tinker_serve(
         help="The key every request must carry (starts with tml-; prefer the environment "
              "variable: a command line is visible to every user). Default: a fresh key, "
              "written to DATA_DIR/api-key (mode 0600).")] = None,
+    tenant: Annotated[list[str] | None, typer.Option(
+        help="A tenant of its own (repeat for several): its key is made on first start in "
+             "DATA_DIR/api-keys/NAME (mode 0600). Tenants share the base models but not their "
+             "training models, sessions or checkpoints (unless published); the --api-key's "
+             "tenant is `default`.")] = None,
 ) -> None:
     """Serve the Tinker API (training clients, sampling clients, checkpoints) for the tinker
     SDK: ServiceClient(base_url="http://HOST:PORT", api_key=KEY)."""
@@ -57,10 +66,15 @@ def tinker_serve(
                              data_parallel=data_parallel, tensor_parallel=tensor_parallel,
                              max_batch_size=max_batch_size)
     BaseModels(list(options.models))  # bad names fail here, before torch is imported
-    key = api_key or _own_key(options.data_dir)
+    tenants = tenant or []
+    for index, name in enumerate(tenants):
+        if not re.fullmatch(TENANT_NAME, name) or name in ("default", *tenants[:index]):
+            raise ConfigError(f"--tenant {name!r}: a new name of letters, digits, '.', '_', '-'")
+    keys = {"default": api_key or _own_key(options.data_dir / KEY_FILE)}
+    keys |= {name: _own_key(options.data_dir / TENANT_KEYS / name) for name in tenants}
     from skyrl_agent.tinker.server import run
 
-    run(options, key, host, port)
+    run(options, keys, host, port)
 
 
 def _check_backend(backend: str, data_parallel: int, tensor_parallel: int) -> None:
@@ -80,14 +94,14 @@ def _check_backend(backend: str, data_parallel: int, tensor_parallel: int) -> No
                           f"{first['msg'].removeprefix('Value error, ')}") from None
 
 
-def _own_key(data_dir: Path) -> str:
-    """The data dir's key (so clients outlive a restart), else a fresh one saved there, where
-    only this user can read it. The key itself is never printed or logged."""
+def _own_key(path: Path) -> str:
+    """The key kept at `path` in the data dir (so clients outlive a restart), else a fresh
+    one saved there, where only this user can read it. The key itself is never printed or
+    logged."""
     from skyrl_agent.errors import ConfigError
     from skyrl_agent.inference.auth import KeyFileError, new_key, read_key_file, write_key_file
     from skyrl_agent.tinker.config import TINKER_KEY_PREFIX
 
-    path = data_dir / KEY_FILE
     try:
         key = read_key_file(path)
     except KeyFileError as exc:

@@ -10,7 +10,7 @@ answers try_again; an id the server does not know answers 410 (the SDK resends t
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -18,8 +18,9 @@ from pydantic import BaseModel, ValidationError
 
 from skyrl_agent.inference.auth import key_matches, presented_key, unauthorized
 from skyrl_agent.tinker.config import CHUNK_BYTES, max_body_bytes
-from skyrl_agent.tinker.errors import TinkerUserError
+from skyrl_agent.tinker.errors import TinkerNotFound, TinkerUserError
 from skyrl_agent.tinker.proto import decode_forward_backward
+from skyrl_agent.tinker.rest import TENANT, RestRoutes
 from skyrl_agent.tinker.service import TinkerService
 from skyrl_agent.trainers.backend import AdamParams
 
@@ -45,12 +46,14 @@ def _future(request_id: str, model_id: str | None = None, **extra: Any) -> web.R
 
 class TinkerApp:
     """The aiohttp application over one TinkerService. Every route but the health check needs
-    `api_key` (the SDK sends it as X-API-Key; `Authorization: Bearer` works too)."""
+    a tenant's key (the SDK sends it as X-API-Key; `Authorization: Bearer` works too); what a
+    request does is done as that tenant."""
 
-    def __init__(self, service: TinkerService, api_key: str) -> None:
+    def __init__(self, service: TinkerService, keys: Mapping[str, str]) -> None:
         self.service = service
         self.types = _types()
-        self.api_key = api_key
+        self.keys = dict(keys)
+        """Tenant name -> its API key."""
         self.max_body = max_body_bytes(service.bases.max_context())
 
     def app(self) -> web.Application:
@@ -73,21 +76,28 @@ class TinkerApp:
         app.router.add_get(HEALTH, self.ok)
         app.router.add_get("/api/v1/samplers/{sampler_id}", self.get_sampler)
         app.router.add_post("/api/v1/sessions/{session_id}/finish", self.finish_session)
+        RestRoutes(self.service.catalog).add_to(app)
         app.on_cleanup.append(lambda _app: self.service.close())
         return app
 
     @web.middleware
     async def _authenticate(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path != HEALTH and not key_matches(presented_key(request.headers),
-                                                      self.api_key):
+        if request.path == HEALTH:
+            return await handler(request)
+        presented = presented_key(request.headers)
+        tenant = next((t for t, key in self.keys.items() if key_matches(presented, key)), None)
+        if tenant is None:
             return unauthorized("a valid API key is required (the key tinker-serve was "
                                 "started with, or the one in its data dir's api-key file)")
+        request[TENANT] = tenant
         return await handler(request)
 
     @web.middleware
     async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
             return await handler(request)
+        except TinkerNotFound as exc:
+            return _detail(404, str(exc))
         except TinkerUserError as exc:
             return _detail(400, str(exc))
         except ValidationError as exc:
@@ -120,9 +130,9 @@ class TinkerApp:
                                   "fwdbwd_max_chunk_bytes_count": CHUNK_BYTES})
 
     async def create_session(self, request: web.Request) -> web.Response:
-        await self._body(request, self.types.CreateSessionRequest)
-        return web.json_response({"type": "create_session",
-                                  "session_id": self.service.create_session()})
+        body = await self._body(request, self.types.CreateSessionRequest)
+        session_id = self.service.create_session(request[TENANT], body.user_metadata)
+        return web.json_response({"type": "create_session", "session_id": session_id})
 
     async def heartbeat(self, request: web.Request) -> web.Response:
         # Sessions from before a restart are welcome too: nothing hangs on a session's state.
@@ -132,7 +142,7 @@ class TinkerApp:
     async def finish_session(self, request: web.Request) -> web.Response:
         """ServiceClient.close(): the session's training models are released (their saved
         checkpoints stay)."""
-        await self.service.finish_session(request.match_info["session_id"])
+        await self.service.finish_session(request.match_info["session_id"], request[TENANT])
         return web.json_response(None)
 
     async def capabilities(self, request: web.Request) -> web.Response:
@@ -144,20 +154,21 @@ class TinkerApp:
         body = await self._body(request, self.types.CreateModelRequest)
         seed = body.lora_config.seed if body.lora_config else None
         request_id = self.service.create_model(body.session_id, body.model_seq_id,
-                                               body.base_model, body.lora_config, seed)
+                                               body.base_model, body.lora_config, seed,
+                                               request[TENANT])
         return _future(request_id)
 
     async def get_info(self, request: web.Request) -> web.Response:
         body = await self._body(request, self.types.GetInfoRequest)
         try:
-            return web.json_response(self.service.info(body.model_id))
+            return web.json_response(self.service.info(body.model_id, request[TENANT]))
         except TinkerUserError as exc:
             return _detail(404, str(exc))
 
     async def forward_backward(self, request: web.Request) -> web.Response:
         zstd = request.headers.get("Content-Encoding", "") == "zstd"
         call = decode_forward_backward(await request.read(), zstd, self.max_body)
-        return _future(self.service.forward_backward(call), call.model_id)
+        return _future(self.service.forward_backward(call, request[TENANT]), call.model_id)
 
     async def optim_step(self, request: web.Request) -> web.Response:
         body = await self._body(request, self.types.OptimStepRequest)
@@ -171,12 +182,13 @@ class TinkerApp:
                               grad_clip_norm=params.grad_clip_norm)
         except ValueError as exc:
             raise TinkerUserError(str(exc)) from None
-        return _future(self.service.optim_step(body.model_id, body.seq_id, adam), body.model_id)
+        return _future(self.service.optim_step(body.model_id, body.seq_id, adam,
+                                               request[TENANT]), body.model_id)
 
     async def save_weights(self, request: web.Request) -> web.Response:
         body = await self._body(request, self.types.SaveWeightsRequest)
         request_id = self.service.save_state(body.model_id, body.seq_id, body.path,
-                                             body.overwrite)
+                                             body.overwrite, body.ttl_seconds, request[TENANT])
         return _future(request_id, body.model_id)
 
     async def load_weights(self, request: web.Request) -> web.Response:
@@ -185,18 +197,20 @@ class TinkerApp:
             if body.model_seq_id is None:
                 raise TinkerUserError("a load with session_id needs model_seq_id")
             request_id = self.service.create_from_state(body.session_id, body.model_seq_id,
-                                                        body.path, body.optimizer)
+                                                        body.path, body.optimizer,
+                                                        request[TENANT])
             return _future(request_id, f"{body.session_id}:train:{body.model_seq_id}")
         if body.model_id is None:
             raise TinkerUserError("load_weights needs model_id or session_id")
         request_id = self.service.load_state(body.model_id, body.seq_id, body.path,
-                                             body.optimizer)
+                                             body.optimizer, request[TENANT])
         return _future(request_id, body.model_id)
 
     async def save_weights_for_sampler(self, request: web.Request) -> web.Response:
         body = await self._body(request, self.types.SaveWeightsForSamplerRequest)
         request_id = self.service.save_for_sampler(body.model_id, body.seq_id, body.path,
-                                                   body.sampling_session_seq_id)
+                                                   body.sampling_session_seq_id,
+                                                   body.ttl_seconds, request[TENANT])
         return _future(request_id, body.model_id)
 
     # ---- sampling ---------------------------------------------------------------------------
@@ -204,19 +218,21 @@ class TinkerApp:
     async def create_sampling_session(self, request: web.Request) -> web.Response:
         body = await self._body(request, self.types.CreateSamplingSessionRequest)
         sampling_id = self.service.create_sampling_session(
-            body.session_id, body.sampling_session_seq_id, body.base_model, body.model_path)
+            body.session_id, body.sampling_session_seq_id, body.base_model, body.model_path,
+            request[TENANT])
         return web.json_response({"type": "create_sampling_session",
                                   "sampling_session_id": sampling_id})
 
     async def get_sampler(self, request: web.Request) -> web.Response:
         try:
-            return web.json_response(self.service.sampler_info(request.match_info["sampler_id"]))
+            return web.json_response(self.service.sampler_info(request.match_info["sampler_id"],
+                                                               request[TENANT]))
         except TinkerUserError as exc:
             return _detail(404, str(exc))
 
     async def asample(self, request: web.Request) -> web.Response:
         body = await self._body(request, self.types.SampleRequest)
-        request_id, sequence_ids = self.service.sample(body)
+        request_id, sequence_ids = self.service.sample(body, request[TENANT])
         return _future(request_id, sample_sequence_ids=sequence_ids)
 
     # ---- futures ----------------------------------------------------------------------------
@@ -224,7 +240,8 @@ class TinkerApp:
     async def retrieve_future(self, request: web.Request) -> web.Response:
         body = await self._body(request, self.types.FutureRetrieveRequest)
         try:
-            result = await self.service.futures.wait(body.request_id, self.service.options.poll_s)
+            result = await self.service.futures.wait(body.request_id, self.service.options.poll_s,
+                                                     request[TENANT])
         except KeyError:
             return _detail(410, f"unknown request {body.request_id} (expired, or sent to this "
                                 "server before it restarted)")

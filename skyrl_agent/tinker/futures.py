@@ -35,6 +35,9 @@ class Result:
 @dataclass
 class _Entry:
     kind: str
+    owner: str
+    """The tenant that sent the request: the only one that may read its result (ids are
+    counters, so another tenant could guess them)."""
     done: asyncio.Event = field(default_factory=asyncio.Event)
     result: Result | None = None
     finished_at: float = 0.0
@@ -50,21 +53,23 @@ class FutureStore:
         self._prefix = uuid.uuid4().hex[:8]
         self._counter = itertools.count()
 
-    def submit(self, kind: str, work: Awaitable[Result]) -> str:
-        """Start `work` in the background; returns its request id."""
+    def submit(self, kind: str, work: Awaitable[Result], owner: str) -> str:
+        """Start `owner`'s `work` in the background; returns its request id."""
         self._expire()
         request_id = f"{self._prefix}-{next(self._counter)}"
-        entry = _Entry(kind)
+        entry = _Entry(kind, owner)
         self._entries[request_id] = entry
         task = asyncio.get_running_loop().create_task(self._settle(entry, work))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return request_id
 
-    async def wait(self, request_id: str, timeout_s: float) -> Result | None:
+    async def wait(self, request_id: str, timeout_s: float, owner: str) -> Result | None:
         """The result, or None if it is still running after `timeout_s`.
-        KeyError: the id is unknown (expired, or from before a restart)."""
+        KeyError: the id is unknown (expired, from before a restart, or another tenant's)."""
         entry = self._entries[request_id]
+        if entry.owner != owner:
+            raise KeyError(request_id)
         if not entry.done.is_set():
             try:
                 await asyncio.wait_for(entry.done.wait(), timeout_s)

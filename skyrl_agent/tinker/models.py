@@ -45,6 +45,8 @@ class TrainingModel:
     spec: ModelSpec
     base: BaseInfo
     backend: TrainerBackend
+    owner: str
+    """The tenant whose session created it: the only one that may use it."""
     order: SeqOrder = field(default_factory=SeqOrder)
     seen: dict[int, str] = field(default_factory=dict)
     """seq_id -> request id: a request the client sent again gets the first one's future."""

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 
 from skyrl_agent.tinker.config import ServiceOptions
 
 
-async def serve(options: ServiceOptions, api_key: str, host: str = "127.0.0.1",
+async def serve(options: ServiceOptions, keys: Mapping[str, str], host: str = "127.0.0.1",
                 port: int = 8000) -> None:
+    """Serve until stopped; `keys`: each tenant's API key."""
     from skyrl_agent.inference.server.main import serve_until_stopped
     from skyrl_agent.inference.weight_files import remove_orphans
     from skyrl_agent.tinker.app import TinkerApp
@@ -27,12 +29,13 @@ async def serve(options: ServiceOptions, api_key: str, host: str = "127.0.0.1",
     # (otherwise held until some trainer here publishes weights).
     remove_orphans()
 
-    await serve_until_stopped(TinkerApp(TinkerService(options), api_key).app(), host, port)
+    await serve_until_stopped(TinkerApp(TinkerService(options), keys).app(), host, port)
 
 
-def run(options: ServiceOptions, api_key: str, host: str = "127.0.0.1", port: int = 8000) -> None:
+def run(options: ServiceOptions, keys: Mapping[str, str], host: str = "127.0.0.1",
+        port: int = 8000) -> None:
     server_logging()
-    asyncio.run(serve(options, api_key, host, port))
+    asyncio.run(serve(options, keys, host, port))
 
 
 def server_logging() -> None:

@@ -18,6 +18,7 @@ from typing import Any
 
 from skyrl_agent.inference.client import Sampling
 from skyrl_agent.tinker import training
+from skyrl_agent.tinker.catalog import Catalog
 from skyrl_agent.tinker.config import BaseModels, ServiceOptions
 from skyrl_agent.tinker.errors import TinkerUserError
 from skyrl_agent.tinker.futures import FutureStore, Result
@@ -38,6 +39,7 @@ class TinkerService:
         self.options = options
         self.bases = BaseModels(list(options.models))
         self.store = Store(options.data_dir)
+        self.catalog = Catalog(self.store)
         self.futures = FutureStore()
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="tinker-train")
         self.models: dict[str, TrainingModel] = {}
@@ -56,13 +58,16 @@ class TinkerService:
 
     # ---- sessions ---------------------------------------------------------------------------
 
-    def create_session(self) -> str:
-        return uuid.uuid4().hex[:16]
+    def create_session(self, tenant: str, user_metadata: dict[str, Any] | None) -> str:
+        session_id = uuid.uuid4().hex[:16]
+        self.catalog.record_session(session_id, tenant, user_metadata)
+        return session_id
 
-    async def finish_session(self, session_id: str) -> None:
+    async def finish_session(self, session_id: str, tenant: str) -> None:
         """Release the session's training models, after the requests already sent to them."""
         prefix = f"{session_id}:train:"
-        for model_id in [m for m in self.models if m.startswith(prefix)]:
+        for model_id in [m for m, model in self.models.items()
+                         if m.startswith(prefix) and model.owner == tenant]:
             model = self.models.pop(model_id)
             self._creating.pop(model_id, None)
 
@@ -80,91 +85,108 @@ class TinkerService:
     # ---- training models --------------------------------------------------------------------
 
     def create_model(self, session_id: str, model_seq_id: int, base_model: str,
-                     lora: Any, seed: int | None) -> str:
-        model_id = f"{session_id}:train:{model_seq_id}"
+                     lora: Any, seed: int | None, tenant: str) -> str:
+        model_id = self._new_model_id(session_id, model_seq_id, tenant)
 
         def create() -> Result:
             base = self.bases.get(base_model)
             spec = ModelSpec(base_model=base.name) if lora is None else lora_spec(
                 base, lora.rank, lora.train_mlp, lora.train_attn, lora.train_unembed)
-            self._add_model(model_id, spec, seed)
+            self._add_model(model_id, spec, seed, tenant)
             return Result(json={"model_id": model_id, "type": "create_model"})
 
-        return self._once(model_id, "CreateModel", lambda: self._in_worker(create))
+        return self._once(model_id, "CreateModel", tenant, lambda: self._in_worker(create))
 
     def create_from_state(self, session_id: str, model_seq_id: int, path: str,
-                          optimizer: bool) -> str:
+                          optimizer: bool, tenant: str) -> str:
         """create_training_client_from_state: a new model whose first request is the load."""
-        model_id = f"{session_id}:train:{model_seq_id}"
+        model_id = self._new_model_id(session_id, model_seq_id, tenant)
 
         def create_and_load() -> Result:
-            checkpoint = self.store.resolve(path, "weights")
-            model = self._add_model(model_id, checkpoint.spec, None)
+            checkpoint = self.catalog.readable(self.store.resolve(path, "weights"), tenant)
+            model = self._add_model(model_id, checkpoint.spec, None, tenant)
             return training.load_state(model, checkpoint, optimizer)
 
-        return self._once(model_id, "LoadWeights", lambda: self._in_worker(create_and_load))
+        return self._once(model_id, "LoadWeights", tenant,
+                          lambda: self._in_worker(create_and_load))
 
-    def info(self, model_id: str) -> dict[str, Any]:
-        model = self.model(model_id)
+    def _new_model_id(self, session_id: str, model_seq_id: int, tenant: str) -> str:
+        owner = self.catalog.session_owner(session_id)
+        if owner is not None and owner != tenant:
+            raise TinkerUserError(f"unknown session {session_id!r}")
+        return f"{session_id}:train:{model_seq_id}"
+
+    def info(self, model_id: str, tenant: str) -> dict[str, Any]:
+        model = self.model(model_id, tenant)
         return {"type": "get_info", "model_id": model_id, "is_lora": bool(model.spec.lora_rank),
                 "lora_rank": model.spec.lora_rank, "model_name": model.base.name,
                 "model_data": {"arch": model.base.arch, "model_name": model.base.name,
                                "tokenizer_id": str(model.base.folder)}}
 
-    def model(self, model_id: str) -> TrainingModel:
-        if model_id not in self.models:
+    def model(self, model_id: str, tenant: str) -> TrainingModel:
+        """A training model of `tenant`'s (another tenant's is as unknown as a missing one)."""
+        if model_id not in self.models or self.models[model_id].owner != tenant:
             raise TinkerUserError(
                 f"unknown model {model_id!r}: not created on this server, or the server "
                 "restarted since (training state lives in memory; load a saved state with "
                 "create_training_client_from_state)")
         return self.models[model_id]
 
-    def forward_backward(self, call: ForwardBackwardCall) -> str:
+    def forward_backward(self, call: ForwardBackwardCall, tenant: str) -> str:
         kind = "Forward" if call.forward_only else "ForwardBackward"
-        return self._ordered(call.model_id, call.seq_id, kind,
+        return self._ordered(call.model_id, call.seq_id, kind, tenant,
                              lambda m: training.forward_backward(m, call))
 
-    def optim_step(self, model_id: str, seq_id: int | None, adam: AdamParams) -> str:
-        return self._ordered(model_id, seq_id, "OptimStep", lambda m: training.optim_step(m, adam))
+    def optim_step(self, model_id: str, seq_id: int | None, adam: AdamParams,
+                   tenant: str) -> str:
+        return self._ordered(model_id, seq_id, "OptimStep", tenant,
+                             lambda m: training.optim_step(m, adam))
 
     def save_state(self, model_id: str, seq_id: int | None, name: str | None,
-                   overwrite: bool) -> str:
-        return self._ordered(model_id, seq_id, "SaveWeights",
-                             lambda m: training.save_state(m, self.store, name, overwrite))
+                   overwrite: bool, ttl_seconds: int | None, tenant: str) -> str:
+        def save(model: TrainingModel) -> Result:
+            return training.save_state(model, self.store, name, overwrite, ttl_seconds)
 
-    def load_state(self, model_id: str, seq_id: int | None, path: str, optimizer: bool) -> str:
+        return self._ordered(model_id, seq_id, "SaveWeights", tenant, save)
+
+    def load_state(self, model_id: str, seq_id: int | None, path: str, optimizer: bool,
+                   tenant: str) -> str:
         def load(model: TrainingModel) -> Result:
-            return training.load_state(model, self.store.resolve(path, "weights"), optimizer)
+            checkpoint = self.catalog.readable(self.store.resolve(path, "weights"), tenant)
+            return training.load_state(model, checkpoint, optimizer)
 
-        return self._ordered(model_id, seq_id, "LoadWeights", load)
+        return self._ordered(model_id, seq_id, "LoadWeights", tenant, load)
 
     def save_for_sampler(self, model_id: str, seq_id: int | None, name: str | None,
-                         sampling_session_seq_id: int | None) -> str:
+                         sampling_session_seq_id: int | None, ttl_seconds: int | None,
+                         tenant: str) -> str:
         session = model_id.split(":train:")[0]
         sampling_id = None if sampling_session_seq_id is None else \
             f"{session}:sample:{sampling_session_seq_id}"
-        return self._ordered(model_id, seq_id, "SaveWeightsForSampler",
-                             lambda m: training.save_for_sampler(m, self.store, name, sampling_id))
+        return self._ordered(model_id, seq_id, "SaveWeightsForSampler", tenant,
+                             lambda m: training.save_for_sampler(m, self.store, name, sampling_id,
+                                                                 ttl_seconds))
 
     # ---- sampling ---------------------------------------------------------------------------
 
     def create_sampling_session(self, session_id: str, seq: int, base_model: str | None,
-                                model_path: str | None) -> str:
-        ref = self._sampler_ref(base_model, model_path)
+                                model_path: str | None, tenant: str) -> str:
+        ref = self._sampler_ref(base_model, model_path, tenant)
         sampling_id = f"{session_id}:sample:{seq}"
         self.store.save_session(sampling_id, ref)
         return sampling_id
 
-    def sampler_info(self, sampling_id: str) -> dict[str, Any]:
-        ref = self._session(sampling_id)
+    def sampler_info(self, sampling_id: str, tenant: str) -> dict[str, Any]:
+        ref = self._session(sampling_id, tenant)
         return {"sampler_id": sampling_id, "base_model": ref.base_model,
                 "model_path": ref.model_path}
 
-    def sample(self, request: Any) -> tuple[str, list[str]]:
+    def sample(self, request: Any, tenant: str) -> tuple[str, list[str]]:
         """An asample request: its request id and one sequence id per sample."""
         _check_sample_request(request)
-        ref = self._session(request.sampling_session_id) if request.sampling_session_id \
-            else self._sampler_ref(request.base_model, request.model_path)
+        ref = self._session(request.sampling_session_id, tenant) \
+            if request.sampling_session_id \
+            else self._sampler_ref(request.base_model, request.model_path, tenant)
         base = self.bases.get(ref.base_model)
         prompt = _prompt_tokens(request.prompt)
         sampling = _sampling(request.sampling_params)
@@ -184,44 +206,46 @@ class TinkerService:
             logprobs = scored.logprobs if request.prompt_logprobs else None
             return Result(proto=encode_sample(sequences, logprobs, scored.topk))
 
-        request_id = self.futures.submit("Sample", run())
+        request_id = self.futures.submit("Sample", run(), tenant)
         return request_id, [f"{request_id}:{i}" for i in range(request.num_samples)]
 
     # ---- internals --------------------------------------------------------------------------
 
-    def _add_model(self, model_id: str, spec: ModelSpec, seed: int | None) -> TrainingModel:
+    def _add_model(self, model_id: str, spec: ModelSpec, seed: int | None,
+                   owner: str) -> TrainingModel:
         """On the worker thread: load the backend and register the model."""
         base = self.bases.get(spec.base_model)
         backend = make_backend(base, spec, seed, self.options)
-        model = TrainingModel(model_id, spec, base, backend, SeqOrder(next_seq=1))
+        model = TrainingModel(model_id, spec, base, backend, owner, SeqOrder(next_seq=1))
+        self.catalog.record_run(model_id, owner, spec)
         self.models[model_id] = model
         log.info("model %s: %s", model_id, training.describe(spec))
         return model
 
-    def _once(self, model_id: str, kind: str,
+    def _once(self, model_id: str, kind: str, tenant: str,
               work: Callable[[], Coroutine[Any, Any, Result]]) -> str:
         """Creation requests: the same model created twice (a resent request) shares one."""
         if model_id in self._creating:
             return self._creating[model_id]
         if model_id in self.models:
-            return self.futures.submit(kind, _fail(f"model {model_id} already exists"))
-        request_id = self.futures.submit(kind, work())
+            return self.futures.submit(kind, _fail(f"model {model_id} already exists"), tenant)
+        request_id = self.futures.submit(kind, work(), tenant)
         self._creating[model_id] = request_id
         return request_id
 
-    def _ordered(self, model_id: str, seq_id: int | None, kind: str,
+    def _ordered(self, model_id: str, seq_id: int | None, kind: str, tenant: str,
                  work: Callable[[TrainingModel], Result]) -> str:
         try:
-            model = self.model(model_id)
+            model = self.model(model_id, tenant)
         except TinkerUserError as exc:
-            return self.futures.submit(kind, _fail(str(exc)))
+            return self.futures.submit(kind, _fail(str(exc)), tenant)
         if seq_id is not None and seq_id in model.seen:
             return model.seen[seq_id]  # the client sent it again: same future
 
         async def ordered() -> Result:
             return await model.order.run(seq_id, lambda: self._in_worker(lambda: work(model)))
 
-        request_id = self.futures.submit(kind, ordered())
+        request_id = self.futures.submit(kind, ordered(), tenant)
         if seq_id is not None:
             model.seen[seq_id] = request_id
             for old in [s for s in model.seen if s < seq_id - 10_000]:
@@ -231,18 +255,20 @@ class TinkerService:
     async def _in_worker(self, work: Callable[[], Result]) -> Result:
         return await asyncio.get_running_loop().run_in_executor(self.executor, work)
 
-    def _session(self, sampling_id: str) -> SamplerRef:
+    def _session(self, sampling_id: str, tenant: str) -> SamplerRef:
         ref = self.store.load_session(sampling_id)
-        if ref is None:
+        if ref is None or ref.owner != tenant:
             raise TinkerUserError(f"unknown sampling session {sampling_id!r}")
         return ref
 
-    def _sampler_ref(self, base_model: str | None, model_path: str | None) -> SamplerRef:
+    def _sampler_ref(self, base_model: str | None, model_path: str | None,
+                     tenant: str) -> SamplerRef:
         if model_path:
-            checkpoint = self.store.resolve(model_path, "sampler_weights")
+            checkpoint = self.catalog.readable(self.store.resolve(model_path, "sampler_weights"),
+                                               tenant)
             return SamplerRef(base_model=checkpoint.spec.base_model, model_path=model_path,
-                              weights=str(checkpoint.path / "weights.safetensors"))
-        return SamplerRef(base_model=self.bases.get(base_model).name)
+                              weights=str(checkpoint.path / "weights.safetensors"), owner=tenant)
+        return SamplerRef(base_model=self.bases.get(base_model).name, owner=tenant)
 
 
 def _closed(model: TrainingModel) -> Result:

@@ -22,11 +22,12 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from skyrl_agent.atomic import atomic_write_text
-from skyrl_agent.tinker.errors import TinkerUserError
+from skyrl_agent.tinker.errors import TinkerNotFound, TinkerUserError
 
 Kind = Literal["weights", "sampler_weights"]
 # Used with fullmatch only: `$` would also match before a trailing newline.
-_RUN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}")
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}")
+"""Training run, session and sampling session ids."""
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 KEEP_EPHEMERAL = 4
 """Ephemeral sampler weights kept per run; older sampling sessions on them stop working."""
@@ -56,6 +57,8 @@ class SamplerRef(BaseModel):
     """Absolute path of a sampler weights file inside the data dir."""
     model_path: str | None = None
     """The tinker:// path the session was created from, if any."""
+    owner: str = "default"
+    """The tenant that created it: the only one that may sample through it."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,8 @@ class Checkpoint:
     """The checkpoint's folder."""
     tinker_path: str
     spec: ModelSpec
+    run: str
+    """The training run (model id) that saved it."""
 
 
 class Store:
@@ -81,8 +86,8 @@ class Store:
     def new_checkpoint(self, run: str, kind: Kind, name: str, overwrite: bool = True,
                        ) -> tuple[Path, str]:
         """The folder to write a checkpoint into, and its tinker:// path."""
-        _check(_RUN, run, "training run id")
-        _check(_NAME, name, "checkpoint name")
+        check_name(RUN_ID, run, "training run id")
+        check_name(_NAME, name, "checkpoint name")
         folder = self.root / "runs" / run / kind / name
         if folder.exists() and not overwrite:
             raise TinkerUserError(f"checkpoint {name!r} already exists for {run} "
@@ -91,7 +96,7 @@ class Store:
 
     def ephemeral_sampler(self, run: str) -> Path:
         """A fresh folder for ephemeral sampler weights; prunes the oldest beyond the limit."""
-        _check(_RUN, run, "training run id")
+        check_name(RUN_ID, run, "training run id")
         parent = self.root / "runs" / run / "sampler_weights"
         parent.mkdir(parents=True, exist_ok=True)
         existing = sorted((p for p in parent.glob(".ephemeral-*") if p.name[11:].isdigit()),
@@ -102,35 +107,41 @@ class Store:
         return parent / f".ephemeral-{number}"
 
     def resolve(self, tinker_path: str, kind: Kind) -> Checkpoint:
-        """The checkpoint a tinker:// path names; a clear error when it is not one of ours."""
+        """The checkpoint a tinker:// path names, which must be of `kind`; a clear error when
+        it is not one of ours."""
+        checkpoint = self.find(tinker_path)
+        if checkpoint.path.parent.name != kind:
+            wanted = "a training state (…/weights/…)" if kind == "weights" else \
+                "sampler weights (…/sampler_weights/…)"
+            raise TinkerUserError(f"{tinker_path} is not {wanted}")
+        return checkpoint
+
+    def find(self, tinker_path: str) -> Checkpoint:
+        """The checkpoint a tinker:// path names, of either kind."""
         if not isinstance(tinker_path, str) or not tinker_path.startswith("tinker://"):
             raise TinkerUserError(f"not a tinker:// path: {tinker_path!r}")
         parts = tinker_path.removeprefix("tinker://").split("/")
         if len(parts) != 3 or parts[1] not in ("weights", "sampler_weights"):
             raise TinkerUserError(f"malformed tinker path {tinker_path!r}: expected "
                                   "tinker://RUN/weights/NAME or tinker://RUN/sampler_weights/NAME")
-        run, found_kind, name = parts
-        _check(_RUN, run, "training run id")
-        _check(_NAME, name, "checkpoint name")
-        if found_kind != kind:
-            wanted = "a training state (…/weights/…)" if kind == "weights" else \
-                "sampler weights (…/sampler_weights/…)"
-            raise TinkerUserError(f"{tinker_path} is not {wanted}")
+        run, kind, name = parts
+        check_name(RUN_ID, run, "training run id")
+        check_name(_NAME, name, "checkpoint name")
         folder = self.root / "runs" / run / kind / name
         spec_file = folder / "spec.json"
         if not spec_file.is_file():
-            raise TinkerUserError(f"no checkpoint at {tinker_path} on this server")
-        return Checkpoint(folder, tinker_path, read_spec(folder))
+            raise TinkerNotFound(f"no checkpoint at {tinker_path} on this server")
+        return Checkpoint(folder, tinker_path, read_spec(folder), run)
 
     # ---- sampling sessions ------------------------------------------------------------------
 
     def save_session(self, session_id: str, ref: SamplerRef) -> None:
-        _check(_RUN, session_id, "sampling session id")
+        check_name(RUN_ID, session_id, "sampling session id")
         atomic_write_text(self.root / "sampling_sessions" / f"{session_id}.json",
                           ref.model_dump_json())
 
     def load_session(self, session_id: str) -> SamplerRef | None:
-        if not isinstance(session_id, str) or not _RUN.fullmatch(session_id):
+        if not isinstance(session_id, str) or not RUN_ID.fullmatch(session_id):
             return None
         path = self.root / "sampling_sessions" / f"{session_id}.json"
         try:
@@ -150,7 +161,9 @@ def read_spec(folder: Path) -> ModelSpec:
         raise TinkerUserError(f"checkpoint {folder.name} is unreadable: {exc}") from None
 
 
-def _check(pattern: re.Pattern[str], value: object, what: str) -> None:
+def check_name(pattern: re.Pattern[str], value: object, what: str) -> str:
+    """`value`, if it is a name `pattern` allows (never a path: no slash, no `..`)."""
     if not isinstance(value, str) or not pattern.fullmatch(value) or ".." in value:
         raise TinkerUserError(f"invalid {what} {value!r}: letters, digits, '.', '_', '-' "
                               "(and ':' in run ids) only")
+    return value

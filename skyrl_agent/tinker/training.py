@@ -10,6 +10,7 @@ import shutil
 from collections.abc import Mapping, Sequence
 
 from skyrl_agent.atomic import atomic_folder
+from skyrl_agent.tinker.catalog import Catalog
 from skyrl_agent.tinker.errors import TinkerUserError
 from skyrl_agent.tinker.futures import Result
 from skyrl_agent.tinker.losses import loss_config
@@ -76,11 +77,13 @@ def optim_step(model: TrainingModel, adam: AdamParams) -> Result:
     return Result(json={"metrics": metrics, "type": "optim_step"})
 
 
-def save_state(model: TrainingModel, store: Store, name: str | None, overwrite: bool) -> Result:
+def save_state(model: TrainingModel, store: Store, name: str | None, overwrite: bool,
+               ttl_seconds: int | None) -> Result:
     name = name or f"state-{model.backend.step:06d}"
     folder, tinker_path = store.new_checkpoint(model.model_id, "weights", name, overwrite)
     # save_state replaces the folder atomically; spec.json, written last, marks it complete.
     model.backend.save_state(folder)
+    Catalog.expire(folder, ttl_seconds)
     write_spec(folder, model.spec)
     return Result(json={"path": tinker_path, "type": "save_weights"})
 
@@ -99,7 +102,7 @@ def load_state(model: TrainingModel, checkpoint: Checkpoint, optimizer: bool) ->
 
 
 def save_for_sampler(model: TrainingModel, store: Store, name: str | None,
-                     sampling_session_id: str | None) -> Result:
+                     sampling_session_id: str | None, ttl_seconds: int | None) -> Result:
     """Named: a tinker:// sampler checkpoint. Ephemeral: a sampling session on a snapshot."""
     model.saves += 1
     update = model.backend.save_weights_for_sampler(model.saves)
@@ -111,13 +114,16 @@ def save_for_sampler(model: TrainingModel, store: Store, name: str | None,
         # A copy: the backend rewrites its file in place at the next save (and, in full
         # fine-tuning on CPU, at every optimizer step).
         shutil.copyfile(update.path, staging / "weights.safetensors")
+        if tinker_path is not None:
+            Catalog.expire(staging, ttl_seconds)
         write_spec(staging, model.spec)
     if tinker_path is not None:
         return Result(json={"path": tinker_path, "type": "save_weights_for_sampler"})
     if sampling_session_id is None:
         raise TinkerUserError("save_weights_for_sampler needs a path or a sampling_session_seq_id")
     store.save_session(sampling_session_id, SamplerRef(
-        base_model=model.spec.base_model, weights=str(folder / "weights.safetensors")))
+        base_model=model.spec.base_model, weights=str(folder / "weights.safetensors"),
+        owner=model.owner))
     return Result(json={"sampling_session_id": sampling_session_id,
                         "type": "save_weights_for_sampler"})
 
