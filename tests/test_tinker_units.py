@@ -173,3 +173,33 @@ def test_the_server_logs_its_own_info_and_only_warnings_of_libraries():
                             timeout=60, check=True)
     assert "session created" in result.stderr and "a library warning" in result.stderr
     assert "dynamo compile metrics" not in result.stderr and "healthz" not in result.stderr
+
+
+def test_lora_models_over_one_base_hold_its_weights_once(tmp_path):
+    """Stops: each tenant's LoRA model holding a copy of the base (memory = base x models),
+    and a shared base that one model's training can move under another."""
+    from skyrl_agent.tinker.config import BaseModels, ServiceOptions
+    from skyrl_agent.tinker.models import lora_spec, make_backend
+    from skyrl_agent.trainers.backend import AdamParams, Datum
+
+    folder = char_model_dir(tmp_path / "char", hidden=16, layers=1)
+    base = BaseModels([f"tiny={folder}"]).get("tiny")
+    options = ServiceOptions(data_dir=tmp_path / "data", models=(f"tiny={folder}",))
+    frozen: dict[str, object] = {}
+    first, second = (make_backend(base, lora_spec(base, rank, True, True, False), 1, options,
+                                  frozen) for rank in (4, 8))
+    pointers = [{name: p.data_ptr() for name, p in model.model.named_parameters()
+                 if "lora_" not in name} for model in (first, second)]
+    assert pointers[0] == pointers[1] and len(frozen) == 1  # every base tensor, once
+    base_before = {n: p.detach().clone() for n, p in second.model.named_parameters()
+                   if "lora_" not in n}
+    datum = Datum((3, 4, 5, 6), {"target_tokens": (4, 5, 6, 7), "weights": (1.0,) * 4})
+    untouched = second.forward([datum])
+    for _ in range(3):
+        first.forward_backward([datum], "cross_entropy")
+        first.optim_step(AdamParams(learning_rate=5e-2))
+    assert first.forward([datum]) != untouched  # it trained...
+    assert second.forward([datum]) == untouched  # ...and the other model did not move
+    for name, param in second.model.named_parameters():
+        if "lora_" not in name:
+            assert torch.equal(param, base_before[name]), name

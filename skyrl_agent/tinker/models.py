@@ -55,8 +55,10 @@ class TrainingModel:
 
 
 def make_backend(base: BaseInfo, spec: ModelSpec, seed: int | None,
-                 options: ServiceOptions) -> Any:
-    """The server's backend for `spec` (heavy imports here, on the worker thread)."""
+                 options: ServiceOptions, frozen: dict[str, Any]) -> Any:
+    """The server's backend for `spec` (heavy imports here, on the worker thread). LoRA models
+    on the torch backend share their base model's weights, loaded once into `frozen` (base
+    name -> model): memory is one base plus an adapter per training model."""
     from skyrl_agent.config import TrainerConfig
     from skyrl_agent.trainers.settings import build_backend
     from skyrl_agent.trainers.torch_model import LoraSettings
@@ -67,4 +69,15 @@ def make_backend(base: BaseInfo, spec: ModelSpec, seed: int | None,
         "backend": options.backend, "data_parallel": options.data_parallel,
         "tensor_parallel": options.tensor_parallel,
         "micro_batch_tokens": options.micro_batch_tokens})
-    return build_backend(base.folder, trainer, lora, seed or 0)
+    if lora is None or options.backend != "torch":
+        return build_backend(base.folder, trainer, lora, seed or 0)
+    from skyrl_agent.trainers.torch_backend import TorchBackend
+    from skyrl_agent.trainers.torch_model import load_causal_lm, pick_device, pick_dtype
+
+    if base.name not in frozen:
+        device = pick_device(None)
+        frozen[base.name] = load_causal_lm(base.folder, pick_dtype(trainer.dtype, device),
+                                           device, None)
+    return TorchBackend(base.folder, lora=lora, dtype=trainer.dtype,
+                        micro_batch_tokens=trainer.micro_batch_tokens, seed=seed or 0,
+                        frozen_base=frozen[base.name])

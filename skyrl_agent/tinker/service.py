@@ -44,6 +44,8 @@ class TinkerService:
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="tinker-train")
         self.models: dict[str, TrainingModel] = {}
         self.samplers: dict[str, Sampler] = {}
+        self.frozen_bases: dict[str, Any] = {}
+        """Base name -> its weights, loaded once for every LoRA training model over it."""
         self._creating: dict[str, str] = {}
 
     async def close(self) -> None:
@@ -215,7 +217,7 @@ class TinkerService:
                    owner: str) -> TrainingModel:
         """On the worker thread: load the backend and register the model."""
         base = self.bases.get(spec.base_model)
-        backend = make_backend(base, spec, seed, self.options)
+        backend = make_backend(base, spec, seed, self.options, self.frozen_bases)
         model = TrainingModel(model_id, spec, base, backend, owner, SeqOrder(next_seq=1))
         self.catalog.record_run(model_id, owner, spec)
         self.models[model_id] = model

@@ -74,7 +74,9 @@ class TorchBackend:
     def __init__(self, model_folder: Path, *, lora: LoraSettings | None = None,
                  device: str | None = None, dtype: str = "auto",
                  micro_batch_tokens: int = 2048, seed: int = 0,
-                 routing_replay: bool = False) -> None:
+                 routing_replay: bool = False, frozen_base: Any = None) -> None:
+        """`frozen_base`: a loaded base model whose weights this LoRA model shares (the Tinker
+        server's tenants: one base in memory, an adapter each)."""
         torch.manual_seed(seed)
         random.seed(seed)
         self.model_folder = Path(model_folder)
@@ -83,7 +85,7 @@ class TorchBackend:
         self.lora = lora
         self.micro_batch_tokens = micro_batch_tokens
         self.model = self._place(load_causal_lm(self.model_folder, self.dtype, self.device,
-                                                lora))
+                                                lora, frozen_base))
         self.params = trainable_parameters(self.model)
         self.routing_replay = routing_replay
         if routing_replay and not find_routers(self.model):

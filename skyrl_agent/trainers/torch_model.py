@@ -48,14 +48,22 @@ def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 
 def load_causal_lm(folder: Path, dtype: torch.dtype, device: torch.device,
-                   lora: LoraSettings | None) -> Any:
-    """The HF causal LM in `folder`, in eval mode (no dropout: the sampler has none either)."""
+                   lora: LoraSettings | None, frozen_base: Any = None) -> Any:
+    """The HF causal LM in `folder`, in eval mode (no dropout: the sampler has none either).
+    With `frozen_base` (that model, loaded once; LoRA only) the new model's base weights are
+    its tensors, not copies: several adapters train over one base in memory."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # our own progress display owns the terminal
-    model: Any = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
-    model.to(device)
+    model: Any
+    if frozen_base is not None:
+        if lora is None:
+            raise ValueError("only LoRA models can share a frozen base")
+        model = sharing_copy(frozen_base)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+        model.to(device)
     model.eval()
     if lora is not None:
         from peft import LoraConfig, get_peft_model
@@ -66,6 +74,14 @@ def load_causal_lm(folder: Path, dtype: torch.dtype, device: torch.device,
         model = get_peft_model(model, config)
         model.eval()
     return model
+
+
+def sharing_copy(model: Any) -> Any:
+    """A copy of `model`'s modules that holds `model`'s own parameter tensors (deepcopy's memo
+    maps each to itself), so it costs no weight memory; LoRA then freezes them in both."""
+    import copy
+
+    return copy.deepcopy(model, {id(p): p for p in model.parameters()})
 
 
 def trainable_parameters(model: Any) -> dict[str, torch.nn.Parameter]:
