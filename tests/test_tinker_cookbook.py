@@ -1,5 +1,5 @@
-"""The Tinker cookbook's minimal recipes (`recipes/sl_loop.py`, `recipes/rl_loop.py`), run
-unmodified as `python -m ...` against `tinker-serve`, on CPU-sized settings.
+"""The Tinker cookbook's recipes, run unmodified as `python -m ...` against `tinker-serve`, on
+CPU-sized settings given the way the cookbook takes them (its chz command line).
 
 The recipes load a model's tokenizer and their data sets by hub name; nothing is reachable here,
 so the test seeds the caches those loaders read offline: a hub snapshot named
@@ -10,23 +10,23 @@ name. The tiny model is first taught to answer `\\boxed{5}` or `\\boxed{8}` (hal
 RL recipe's rewards differ within a group and it takes real training steps.
 
 Which recipes of tinker-cookbook 0.6.1 run against the server, and why the others do not:
-- run (tested here): `recipes/sl_loop.py`; `recipes/rl_loop.py` with `loss_fn` set to
-  `importance_sampling` or `gspo` (and `cispo`, the same path); `recipes/sl_basic.py` (the full
-  supervised trainer, which also closes its session at the end).
-- `recipes/rl_basic.py` (the full RL trainer) starts and samples, but its data set builder fixes
-  128 problems x 16 samples a step and the command line cannot change a built value: one step
-  did not finish in 400 s on 2 cores. Not CPU-sized, so not run here.
-- `rl_loop.py`'s default `loss_fn=stable_reinforce`, and `math_rl` / `rubric` when set to it:
-  a Tinker-internal loss over the sampler's recorded stability data; not implemented.
+- run (tested here, 6): `recipes/sl_loop.py`; `recipes/sl_basic.py` (the full supervised
+  trainer, which also closes its session at the end); `recipes/rl_loop.py` with `loss_fn` set
+  to `importance_sampling` or `gspo` (and `cispo`, the same path); `recipes/chat_sl` on
+  no_robots; `recipes/math_rl` on its generated arithmetic problems, asynchronous
+  (`max_steps_off_policy=1`) with CISPO; `recipes/rl_basic.py`, whose blueprint fixes 128
+  problems x 16 samples a step, with its data set builder rebuilt from the command line.
+- `rl_loop.py`'s and `math_rl`'s default `loss_fn=stable_reinforce`, and `rubric`: a
+  Tinker-internal loss over the sampler's recorded stability data; not implemented (refused).
 - `distillation/sdft.py` and off-policy distillation: use `topk_prompt_logprobs`, which the
   server has (tested in test_tinker.py); not run (hub data sets, a teacher model).
 - `vlm_classifier`, `audio`: image and audio inputs; refused (text chunks only).
 - `code_rl`, `harbor_rl`, `search_tool`, `verifiers_rl`: need code sandboxes, a search index or
   outside services; not run.
-- The rest (`chat_sl`, `math_rl`, `preference` (DPO through forward_backward_custom, which the
-  server supports), on-policy `distillation`, `prompt_distillation`, `multiplayer_rl`,
-  `forecasting`, `decisions`, `true_thinking_score`, `rl_numerics_check`): use calls the server
-  has, but each needs its own hub data sets or bigger models; not run end to end here.
+- The rest (`preference` (DPO through forward_backward_custom, which the server supports),
+  on-policy `distillation`, `prompt_distillation`, `multiplayer_rl`, `forecasting`,
+  `decisions`, `true_thinking_score`, `rl_numerics_check`): use calls the server has, but each
+  needs its own hub data sets or bigger models; not run end to end here.
 """
 
 from __future__ import annotations
@@ -173,3 +173,47 @@ def test_cookbook_rl_loop_runs_unmodified_and_trains(cookbook_env, loss_fn):
     assert all(0.0 <= r <= 1.0 for r in rewards)
     # optim_step's metrics land in the log only when a training step really ran.
     assert any("learning_rate" in m for m in metrics), metrics
+
+
+def test_cookbook_chat_sl_runs_unmodified(cookbook_env):
+    """recipes/chat_sl: the chat supervised recipe on no_robots, a few conversations a step."""
+    url, env, root = cookbook_env
+    metrics = _run_recipe("tinker_cookbook.recipes.chat_sl.train",
+                          [f"base_url={url}", f"model_name={MODEL}", "lora_rank=4",
+                           "batch_size=4", "max_steps=2", "max_length=128", "eval_every=0",
+                           "save_every=0", "infrequent_eval_every=0"], env, root / "chat-sl")
+    assert [m["num_sequences"] for m in metrics if "num_sequences" in m] == [4, 4]
+
+
+def test_cookbook_math_rl_runs_unmodified_asynchronously(cookbook_env):
+    """recipes/math_rl on its generated arithmetic problems, one step off-policy allowed (the
+    cookbook's asynchronous RL), with Tinker's CISPO."""
+    url, env, root = cookbook_env
+    metrics = _run_recipe("tinker_cookbook.recipes.math_rl.train",
+                          [f"base_url={url}", f"model_name={MODEL}", "lora_rank=4",
+                           "env=arithmetic", "group_size=4", "groups_per_batch=2",
+                           "max_tokens=6", "max_steps=2", "loss_fn=cispo",
+                           "max_steps_off_policy=1", "eval_every=0", "save_every=0"],
+                          env, root / "math-rl")
+    steps = [m for m in metrics if "env/all/reward/total" in m]
+    assert len(steps) == 2 and all("optim/lr" in m for m in steps)
+    assert all(-1.0 <= m["env/all/reward/total"] <= 1.0 for m in steps)  # format penalty < 0
+    assert max(m["async/staleness_max"] for m in steps) <= 1
+
+
+def test_cookbook_rl_basic_runs_unmodified_with_a_cpu_sized_builder(cookbook_env):
+    """recipes/rl_basic fixes 128 problems x 16 samples a step in its blueprint; chz rebuilds
+    the data set builder from the command line (the cookbook's own way to set a config), so
+    the recipe's code stays as it is."""
+    url, env, root = cookbook_env
+    builder = "dataset_builder"
+    metrics = _run_recipe("tinker_cookbook.recipes.rl_basic",
+                          [f"base_url={url}", f"model_name={MODEL}", "lora_rank=4",
+                           f"{builder}=tinker_cookbook.recipes.math_rl.math_env:"
+                           "Gsm8kDatasetBuilder", f"{builder}.batch_size=2",
+                           f"{builder}.group_size=4", f"{builder}.renderer_name=qwen3_instruct",
+                           f"{builder}.model_name_for_tokenizer={MODEL}", "max_tokens=8",
+                           "max_steps=2"], env, root / "rl-basic")
+    steps = [m for m in metrics if "env/all/reward/total" in m]
+    assert len(steps) == 2 and all("optim/lr" in m for m in steps)
+    assert all(-1.0 <= m["env/all/reward/total"] <= 1.0 for m in steps)  # format penalty < 0
