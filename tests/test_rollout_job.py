@@ -63,8 +63,8 @@ def test_the_same_seed_samples_the_same_tokens(tmp_path, smollm2_dir):
         # CodeAct: its observations are command outputs, which do not depend on timing the way
         # a terminal screen captured after a wait does.
         result = cli("rollout", "--agent", "openhands", "--tasks", "demo", "-j", "1",
-                     "--output", str(tmp_path / name), "--set", "tasks.limit=2",
-                     "--set", f"seed={seed}", "--set", "agent.max_turns=3",
+                     "--output", str(tmp_path / name), "--set", "tasks.limit=1",
+                     "--set", f"seed={seed}", "--set", "agent.max_turns=2",
                      "--set", "inference.max_tokens=24")
         assert result.returncode == 0, result.stderr[-2000:]
         return token_ids(tmp_path / name)

@@ -276,6 +276,12 @@ def test_closing_a_service_client_releases_its_models(server):
         urllib.request.urlopen(ask, timeout=30)
     assert caught.value.code == 404
     assert "unknown model" in json.loads(caught.value.read())["detail"]
+    # Its heartbeats now answer 410, which ends them in any client still holding the session.
+    session = client.model_id.split(":train:")[0]
+    body = json.dumps({"session_id": session, "type": "session_heartbeat"}).encode()
+    status, _ = _post(f"{server.url}/api/v1/session_heartbeat", body,
+                      {"Content-Type": "application/json", **key})
+    assert status == 410
 
 
 def test_errors_reach_the_sdk_as_one_clear_message(service):

@@ -122,6 +122,7 @@ def test_sessions_states_and_samplers_through_the_sdk(server, alice):
     again_scored = rebuilt.compute_logprobs(types.ModelInput.from_ints(seq)).result()
     np.testing.assert_allclose(np.asarray(again_scored[1:], dtype=np.float64),
                                np.asarray(scored[1:], dtype=np.float64), atol=1e-6)
+    rebuilt.holder.close()  # its own heartbeats, which would outlive the server
 
     rest = alice.create_rest_client()
     session = client.model_id.split(":train:")[0]

@@ -136,7 +136,11 @@ class TinkerApp:
 
     async def heartbeat(self, request: web.Request) -> web.Response:
         # Sessions from before a restart are welcome too: nothing hangs on a session's state.
-        await self._body(request, self.types.SessionHeartbeatRequest)
+        # A closed one answers 410, which ends the heartbeats of any client still holding it
+        # (a sampler rebuilt from a handle shares its session).
+        body = await self._body(request, self.types.SessionHeartbeatRequest)
+        if self.service.catalog.session_finished(body.session_id, request[TENANT]):
+            return _detail(410, f"session {body.session_id} has finished")
         return web.json_response({"type": "session_heartbeat"})
 
     async def finish_session(self, request: web.Request) -> web.Response:

@@ -45,6 +45,8 @@ class SessionRecord(BaseModel):
     owner: str
     created: float
     user_metadata: dict[str, str] | None = None
+    finished: bool = False
+    """ServiceClient.close() was called: its heartbeats are answered 410, which ends them."""
 
 
 class RunRecord(BaseModel):
@@ -76,6 +78,16 @@ class Catalog:
         folder.mkdir(parents=True, exist_ok=True)
         atomic_write_text(folder / "run.json", RunRecord(
             owner=owner, spec=spec, created=time.time()).model_dump_json())
+
+    def finish_session(self, session_id: str, tenant: str) -> None:
+        record = self._read(self._session_file(session_id), SessionRecord)
+        if record is not None and record.owner == tenant:
+            atomic_write_text(self._session_file(session_id),
+                              record.model_copy(update={"finished": True}).model_dump_json())
+
+    def session_finished(self, session_id: str, tenant: str) -> bool:
+        record = self._read(self._session_file(session_id), SessionRecord)
+        return record is not None and record.owner == tenant and record.finished
 
     def session_owner(self, session_id: str) -> str | None:
         record = self._read(self._session_file(session_id), SessionRecord)

@@ -67,6 +67,7 @@ class TinkerService:
 
     async def finish_session(self, session_id: str, tenant: str) -> None:
         """Release the session's training models, after the requests already sent to them."""
+        self.catalog.finish_session(session_id, tenant)
         prefix = f"{session_id}:train:"
         for model_id in [m for m, model in self.models.items()
                          if m.startswith(prefix) and model.owner == tenant]:
