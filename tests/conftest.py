@@ -47,8 +47,9 @@ def _guard_tier(items, marker: str, why: str | None, require_variable: str) -> N
 LONGEST_FILES = ("test_harbor", "test_rollout_job", "test_ray", "test_ray_cluster",
                  "test_tinker_cookbook",
                  "test_train", "test_learning", "test_sharded_backends", "test_agents_e2e",
-                 "test_recipe",
-                 "test_inference_server", "test_audit", "test_sandbox_security", "test_swe_mini")
+                 "test_recipe", "test_harbor_installed_agents", "test_swe_rollout",
+                 "test_inference_server", "test_audit", "test_sandbox_security", "test_swe_mini",
+                 "test_tinker_rest", "test_tinker")
 """Files that take the longest (measured with --durations), handed to parallel workers first so
 no long file starts last and leaves the other worker idle."""
 
