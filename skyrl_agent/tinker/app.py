@@ -164,10 +164,7 @@ class TinkerApp:
 
     async def get_info(self, request: web.Request) -> web.Response:
         body = await self._body(request, self.types.GetInfoRequest)
-        try:
-            return web.json_response(self.service.info(body.model_id, request[TENANT]))
-        except TinkerUserError as exc:
-            return _detail(404, str(exc))
+        return web.json_response(self.service.info(body.model_id, request[TENANT]))
 
     async def forward_backward(self, request: web.Request) -> web.Response:
         zstd = request.headers.get("Content-Encoding", "") == "zstd"

@@ -147,13 +147,13 @@ class Catalog:
         found = []
         for kind in KIND_TYPES:
             for folder in sorted((self.store.root / "runs" / run / kind).glob("[!.]*")):
-                if not self._drop_if_expired(folder) and (folder / "spec.json").is_file():
+                if (folder / "spec.json").is_file():
                     checkpoint = Checkpoint(folder, f"tinker://{run}/{kind}/{folder.name}",
                                             read_spec(folder), run)
                     try:
                         found.append(self._describe(self.readable(checkpoint, tenant), kind))
                     except TinkerUserError:
-                        continue  # another tenant's, not published
+                        continue  # expired (now gone), or another tenant's, not published
         return sorted(found, key=lambda c: c["time"])
 
     def user_checkpoints(self, tenant: str) -> list[dict[str, Any]]:

@@ -71,13 +71,10 @@ def make_backend(base: BaseInfo, spec: ModelSpec, seed: int | None,
         "micro_batch_tokens": options.micro_batch_tokens})
     if lora is None or options.backend != "torch":
         return build_backend(base.folder, trainer, lora, seed or 0)
-    from skyrl_agent.trainers.torch_backend import TorchBackend
-    from skyrl_agent.trainers.torch_model import load_causal_lm, pick_device, pick_dtype
-
     if base.name not in frozen:
+        from skyrl_agent.trainers.torch_model import load_causal_lm, pick_device, pick_dtype
+
         device = pick_device(None)
         frozen[base.name] = load_causal_lm(base.folder, pick_dtype(trainer.dtype, device),
                                            device, None)
-    return TorchBackend(base.folder, lora=lora, dtype=trainer.dtype,
-                        micro_batch_tokens=trainer.micro_batch_tokens, seed=seed or 0,
-                        frozen_base=frozen[base.name])
+    return build_backend(base.folder, trainer, lora, seed or 0, frozen_base=frozen[base.name])

@@ -20,7 +20,7 @@ from skyrl_agent.inference.client import Sampling
 from skyrl_agent.tinker import training
 from skyrl_agent.tinker.catalog import Catalog
 from skyrl_agent.tinker.config import BaseModels, ServiceOptions
-from skyrl_agent.tinker.errors import TinkerUserError
+from skyrl_agent.tinker.errors import TinkerNotFound, TinkerUserError
 from skyrl_agent.tinker.futures import FutureStore, Result
 from skyrl_agent.tinker.models import TrainingModel, lora_spec, make_backend
 from skyrl_agent.tinker.ordering import SeqOrder
@@ -129,7 +129,7 @@ class TinkerService:
     def model(self, model_id: str, tenant: str) -> TrainingModel:
         """A training model of `tenant`'s (another tenant's is as unknown as a missing one)."""
         if model_id not in self.models or self.models[model_id].owner != tenant:
-            raise TinkerUserError(
+            raise TinkerNotFound(
                 f"unknown model {model_id!r}: not created on this server, or the server "
                 "restarted since (training state lives in memory; load a saved state with "
                 "create_training_client_from_state)")

@@ -4,6 +4,7 @@ loss config and the optimizer settings. Loops, `sft` and `train` all build them 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from skyrl_agent.config import RunConfig, TrainerConfig
 from skyrl_agent.errors import ConfigError
@@ -98,8 +99,10 @@ def lora_settings(trainer: TrainerConfig) -> LoraSettings | None:
 
 
 def build_backend(folder: Path, trainer: TrainerConfig, lora: LoraSettings | None,
-                  seed: int, ranks: StartRanks | None = None) -> TrainerBackend:
-    """`trainer.backend` over the model in `folder`."""
+                  seed: int, ranks: StartRanks | None = None,
+                  frozen_base: Any = None) -> TrainerBackend:
+    """`trainer.backend` over the model in `folder`; `frozen_base` (torch, LoRA): a loaded base
+    whose weights the new model shares instead of loading its own."""
     if trainer.backend == "megatron":
         from skyrl_agent.trainers.megatron.backend import MegatronBackend
 
@@ -119,7 +122,7 @@ def build_backend(folder: Path, trainer: TrainerConfig, lora: LoraSettings | Non
 
     return TorchBackend(folder, lora=lora, dtype=trainer.dtype,
                         micro_batch_tokens=trainer.micro_batch_tokens, seed=seed,
-                        routing_replay=trainer.routing_replay)
+                        routing_replay=trainer.routing_replay, frozen_base=frozen_base)
 
 
 def describe_backend(trainer: TrainerConfig) -> str:
