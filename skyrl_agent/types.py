@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import enum
+import hashlib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -196,6 +197,38 @@ class ChangedWeights:
         return {"since_version": self.since_version,
                 "rows": {name: None if rows is None else list(rows)
                          for name, rows in self.rows.items()}}
+
+
+@dataclass(frozen=True)
+class PlacedImage:
+    """An image inside a token sequence: its encoded bytes and the span of placeholder tokens
+    (the model's image token, as many as its processor gives this image) that stand for it.
+    The pixels are always recomputed from `data` by the model's own image processor, so the
+    sampler and the trainer read the same input."""
+
+    data: bytes
+    """The encoded image (PNG or JPEG), exactly as the model was given it."""
+    offset: int
+    """Index of the first placeholder token in the sequence."""
+    length: int
+    """How many placeholder tokens the image occupies."""
+
+    def __post_init__(self) -> None:
+        if self.offset < 0 or self.length < 1:
+            raise ValueError(f"an image spans at least one token at offset >= 0, not "
+                             f"{self.length} at {self.offset}")
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.length
+
+    @property
+    def sha256(self) -> str:
+        """The content address the store keeps the bytes under (once per trajectory)."""
+        return hashlib.sha256(self.data).hexdigest()
+
+    def shifted(self, by: int) -> PlacedImage:
+        return PlacedImage(self.data, self.offset + by, self.length)
 
 
 @dataclass(frozen=True)

@@ -98,3 +98,68 @@ def char_moe_dir(folder: Path, seed: int = 0, hidden: int = 32, layers: int = 2,
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+IMAGE_TOKEN = "<image>"
+VLM_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>"
+    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for part in m['content'] %}"
+    "{% if part['type'] == 'image' %}<image>{% else %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+def char_vlm_dir(folder: Path, seed: int = 0, hidden: int = 32, image_size: int = 32,
+                 patch_size: int = 8) -> Path:
+    """Save a random LLaVA (a CLIP vision tower, a projector, a Llama) over the character
+    tokenizer plus an `<image>` token, with its processor, into `folder`: a standard HF
+    vision-language architecture small enough to train on a CPU in seconds. An image becomes
+    (image_size / patch_size)^2 image tokens."""
+    import torch
+    from transformers import (
+        CLIPImageProcessorPil,
+        CLIPVisionConfig,
+        LlamaConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+        LlavaProcessor,
+    )
+
+    tokenizer = char_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": [IMAGE_TOKEN]})
+    tokenizer.chat_template = VLM_CHAT_TEMPLATE
+    text = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden,
+                       intermediate_size=2 * hidden, num_hidden_layers=1, num_attention_heads=4,
+                       num_key_value_heads=2, max_position_embeddings=1024,
+                       eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                       tie_word_embeddings=True)
+    vision = CLIPVisionConfig(hidden_size=hidden, intermediate_size=2 * hidden,
+                              num_hidden_layers=1, num_attention_heads=4, image_size=image_size,
+                              patch_size=patch_size, projection_dim=hidden)
+    config = LlavaConfig(vision_config=vision, text_config=text,
+                         image_token_index=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
+                         vision_feature_layer=-1, vision_feature_select_strategy="default",
+                         tie_word_embeddings=True)
+    torch.manual_seed(seed)
+    model = LlavaForConditionalGeneration(config)
+    images = CLIPImageProcessorPil(size={"shortest_edge": image_size},
+                                crop_size={"height": image_size, "width": image_size})
+    processor = LlavaProcessor(image_processor=images, tokenizer=tokenizer, patch_size=patch_size,
+                               vision_feature_select_strategy="default",
+                               chat_template=VLM_CHAT_TEMPLATE, image_token=IMAGE_TOKEN,
+                               num_additional_image_tokens=1)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    return folder
+
+
+def png(color: tuple[int, int, int], size: tuple[int, int] = (40, 30)) -> bytes:
+    """A solid-colour PNG."""
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", size, color).save(out, format="PNG")
+    return out.getvalue()

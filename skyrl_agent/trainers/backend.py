@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from skyrl_agent.trainers.loss import LossConfig
-from skyrl_agent.types import ChangedWeights
+from skyrl_agent.types import ChangedWeights, PlacedImage
 
 DATUM_ARRAYS = ("target_tokens", "weights", "logprobs", "advantages", "policy_versions")
 """Per-position arrays a datum may carry: the next token; its loss weight (1 on sampled tokens,
@@ -38,6 +38,8 @@ class Datum:
     routed_experts: np.ndarray | None = field(default=None, compare=False)
     """MoE models, Rollout Routing Replay: [input tokens, layers, top_k] experts the sampler
     routed each input token to; -1 where nothing was recorded (the trainer routes itself)."""
+    images: tuple[PlacedImage, ...] = ()
+    """Vision models: the images the input shows, each over its span of image tokens."""
 
     def __post_init__(self) -> None:
         if "target_tokens" not in self.loss_fn_inputs:
@@ -54,11 +56,14 @@ class Datum:
                 or self.routed_experts.shape[0] != len(self.model_input)):
             raise ValueError(f"routed_experts of shape {self.routed_experts.shape} for "
                              f"{len(self.model_input)} input tokens")
+        if any(image.end > len(self.model_input) for image in self.images):
+            raise ValueError(f"an image span runs past the {len(self.model_input)} input tokens")
         object.__setattr__(self, "loss_fn_inputs", MappingProxyType(dict(self.loss_fn_inputs)))
 
     def __reduce__(self) -> tuple[Any, ...]:
         # The read-only mapping cannot be pickled; rank processes receive data by pickle.
-        return (Datum, (self.model_input, dict(self.loss_fn_inputs), self.routed_experts))
+        return (Datum, (self.model_input, dict(self.loss_fn_inputs), self.routed_experts,
+                        self.images))
 
     def array(self, name: str, default: float = 0.0) -> tuple[float, ...]:
         """A named array, or `default` at every position when the datum does not carry it."""

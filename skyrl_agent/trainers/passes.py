@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from skyrl_agent.inference.vision import ImageInputs
 from skyrl_agent.trainers.algorithms.reductions import token_weights
 from skyrl_agent.trainers.backend import Datum, ForwardBackwardOutput
 from skyrl_agent.trainers.loss import (
@@ -191,6 +192,20 @@ def sampled_by(data: Sequence[Datum], version: int) -> torch.Tensor:
 
 def unpad(values_BT: torch.Tensor, data: Sequence[Datum]) -> list[tuple[float, ...]]:
     return [tuple(values_BT[row, : len(d.model_input)].tolist()) for row, d in enumerate(data)]
+
+
+def pixel_inputs(images: ImageInputs | None, data: Sequence[Datum],
+                 device: torch.device | None = None) -> dict[str, Any]:
+    """The pixel inputs of every image the rows show, in row order (the order a VLM fills its
+    image tokens in); each row's placement is checked first: an image token without its image,
+    or an image over other tokens, would train on something the sampler never saw."""
+    if images is None:
+        if any(datum.images for datum in data):
+            raise ValueError("a datum carries images but this model is not a vision model")
+        return {}
+    for datum in data:
+        images.check_placement(datum.model_input, datum.images)
+    return images.model_kwargs([image.data for datum in data for image in datum.images], device)
 
 
 def rng_state() -> dict[str, Any]:

@@ -22,6 +22,7 @@ from safetensors.torch import load_file, save_file
 
 from skyrl_agent.atomic import atomic_folder
 from skyrl_agent.inference.routers import ReplayCount, find_routers, replayed_routing
+from skyrl_agent.inference.vision import ImageInputs
 from skyrl_agent.inference.weight_files import new_weights_path, remove_orphans
 from skyrl_agent.trainers.algorithms import entropy_BT, token_weights
 from skyrl_agent.trainers.backend import (
@@ -41,6 +42,7 @@ from skyrl_agent.trainers.passes import (
     checked_call,
     merge_passes,
     micro_batches,
+    pixel_inputs,
     rng_state,
     sampled_by,
     set_rng_state,
@@ -87,6 +89,7 @@ class TorchBackend:
         self.model = self._place(load_causal_lm(self.model_folder, self.dtype, self.device,
                                                 lora, frozen_base))
         self.params = trainable_parameters(self.model)
+        self.images = ImageInputs.for_model(self.model_folder)
         self.routing_replay = routing_replay
         if routing_replay and not find_routers(self.model):
             raise ValueError(f"routing_replay needs a mixture-of-experts model; "
@@ -279,7 +282,8 @@ class TorchBackend:
         targets_BT = stack(data, "target_tokens").long().to(self.device)
         with self._routing(model, data, width):
             logits_BTV = model(input_ids=input_ids.to(self.device),
-                               attention_mask=attention.to(self.device)).logits.float()
+                               attention_mask=attention.to(self.device),
+                               **pixel_inputs(self.images, data, self.device)).logits.float()
         # gather - logsumexp: no full log_softmax copy of the [B, T, vocab] logits.
         picked_BT = logits_BTV.gather(-1, targets_BT.unsqueeze(-1)).squeeze(-1)
         return picked_BT - logits_BTV.logsumexp(-1), logits_BTV

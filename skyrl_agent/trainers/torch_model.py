@@ -52,8 +52,9 @@ def load_causal_lm(folder: Path, dtype: torch.dtype, device: torch.device,
     """The HF causal LM in `folder`, in eval mode (no dropout: the sampler has none either).
     With `frozen_base` (that model, loaded once; LoRA only) the new model's base weights are
     its tensors, not copies: several adapters train over one base in memory."""
-    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
+
+    from skyrl_agent.inference.vision import is_vision_model, load_pretrained
 
     hf_logging.disable_progress_bar()  # our own progress display owns the terminal
     model: Any
@@ -62,14 +63,17 @@ def load_causal_lm(folder: Path, dtype: torch.dtype, device: torch.device,
             raise ValueError("only LoRA models can share a frozen base")
         model = sharing_copy(frozen_base)
     else:
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+        model = load_pretrained(folder, dtype)
         model.to(device)
     model.eval()
     if lora is not None:
         from peft import LoraConfig, get_peft_model
 
+        targets: list[str] | str = list(lora.target_modules)
+        if is_vision_model(folder):  # adapters on the language model, not the vision tower
+            targets = rf".*language_model\..*\.({'|'.join(lora.target_modules)})"
         config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=0.0,
-                            target_modules=list(lora.target_modules), bias="none",
+                            target_modules=targets, bias="none",
                             target_parameters=expert_targets(model, lora) or None)
         model = get_peft_model(model, config)
         model.eval()

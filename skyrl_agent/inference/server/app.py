@@ -23,12 +23,15 @@ from skyrl_agent.inference.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    ImageChunk,
     RequestLimits,
+    TokenChunk,
     TokenizeRequest,
     UpdateWeightsRequest,
 )
 from skyrl_agent.inference.server.render import BadRequest
 from skyrl_agent.inference.server.weight_folders import WeightUpdateError
+from skyrl_agent.inference.vision import ImageError, Rendered, image_bytes, split_image_parts
 from skyrl_agent.types import ChangedWeights
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -96,7 +99,7 @@ class EmbeddedServer:
         route_name = route.canonical if route is not None else "unmatched"
         try:
             response = await handler(request)
-        except (BadRequest, WeightUpdateError, KVBudgetExceeded) as exc:
+        except (BadRequest, ImageError, WeightUpdateError, KVBudgetExceeded) as exc:
             response = _error(400, str(exc))
         except ValidationError as exc:
             response = _error(400, _validation_message(exc))
@@ -170,15 +173,20 @@ class EmbeddedServer:
 
     async def completions(self, request: web.Request) -> web.Response:
         body = await self._body(request, CompletionRequest)
-        self._check_sequences(len(body.prompts()), body.n)
+        self._check_sequences(1 if body.prompt is None else len(body.prompts()), body.n)
         if body.return_routed_experts and not self.engine.moe_layers:
             raise BadRequest("return_routed_experts needs a mixture-of-experts model; "
                              f"{self.model_name} has no MoE router layers")
-        prompts = [p if isinstance(p, list) else self._encode(p) for p in body.prompts()]
+        if body.prompt_chunks is not None:
+            rendered = self._chunks(body.prompt_chunks)
+            prompts, images = [rendered.ids], [rendered.images]
+        else:
+            prompts = [p if isinstance(p, list) else self._encode(p) for p in body.prompts()]
+            images = [self._no_images(p) for p in prompts]
         budgets = [self._check_prompt(p, body.max_tokens) for p in prompts]
         results = await asyncio.gather(*[
-            self.engine.generate(p, body.sampling(b, body.logprobs), body.n)
-            for p, b in zip(prompts, budgets, strict=True)])
+            self.engine.generate(p, body.sampling(b, body.logprobs), body.n, i)
+            for p, b, i in zip(prompts, budgets, images, strict=True)])
         return web.json_response(render.completion_response(
             self.model_name, self.tokenizer, prompts, list(results), body.return_token_ids,
             body.logprobs is not None, self.engine.policy_version, body.return_routed_experts))
@@ -186,15 +194,50 @@ class EmbeddedServer:
     async def chat_completions(self, request: web.Request) -> web.Response:
         body = await self._body(request, ChatCompletionRequest)
         self._check_sequences(1, body.n)
-        prompt = render.chat_prompt_ids(self.tokenizer, body.messages, body.tools,
-                                        body.add_generation_prompt, body.continue_final_message,
-                                        body.chat_template_kwargs, self.limits.max_prompt_chars)
-        budget = self._check_prompt(prompt, body.token_limit)
-        outputs = await self.engine.generate(prompt, body.sampling(budget, body.logprob_count),
-                                             body.n)
+        messages, pictures = split_image_parts(body.messages)
+        if pictures and self.engine.images is None:
+            raise BadRequest(f"{self.model_name} is not a vision model; it takes no images")
+        if self.engine.images is not None and pictures:
+            text = render.chat_text(self.engine.images.processor, messages, body.tools,
+                                    body.add_generation_prompt, body.continue_final_message,
+                                    body.chat_template_kwargs, self.limits.max_prompt_chars)
+            prompt = self.engine.images.render_text(text, pictures)
+        else:
+            ids = render.chat_prompt_ids(self.tokenizer, messages, body.tools,
+                                         body.add_generation_prompt, body.continue_final_message,
+                                         body.chat_template_kwargs, self.limits.max_prompt_chars)
+            prompt = Rendered(ids, self._no_images(ids))
+        budget = self._check_prompt(prompt.ids, body.token_limit)
+        outputs = await self.engine.generate(prompt.ids,
+                                             body.sampling(budget, body.logprob_count), body.n,
+                                             prompt.images)
         return web.json_response(render.chat_response(
-            self.model_name, self.tokenizer, prompt, outputs, body.return_token_ids,
+            self.model_name, self.tokenizer, prompt.ids, outputs, body.return_token_ids,
             body.logprobs, self.engine.policy_version))
+
+    def _chunks(self, chunks: list[TokenChunk | ImageChunk]) -> Rendered:
+        """A prompt given as token and image chunks, with each image's span in place."""
+        vision = self.engine.images
+        if vision is None:
+            raise BadRequest(f"{self.model_name} is not a vision model; use prompt")
+        parts: list[list[int] | bytes] = []
+        for chunk in chunks:
+            if isinstance(chunk, TokenChunk):
+                parts.append(chunk.tokens)
+                continue
+            data = image_bytes(chunk.data)
+            if chunk.expected_tokens is not None and \
+                    chunk.expected_tokens != vision.token_count(data):
+                raise BadRequest(f"an image takes {vision.token_count(data)} tokens, not the "
+                                 f"expected {chunk.expected_tokens}")
+            parts.append(data)
+        return vision.expand(parts)
+
+    def _no_images(self, ids: list[int]) -> tuple[()]:
+        """A prompt without images may not hold the image token: it would stand for nothing."""
+        if self.engine.images is not None:
+            self.engine.images.check_placement(ids, ())
+        return ()
 
     # ---- tokens ------------------------------------------------------------------------------
 

@@ -32,11 +32,12 @@ from skyrl_agent.inference.routers import RoutingTap
 from skyrl_agent.inference.server.kv import KVBatch, held_after_prefill
 from skyrl_agent.inference.server.kv_budget import KVBudget
 from skyrl_agent.inference.server.outputs import EngineStats, SequenceOutput, WeightUpdateTimes
-from skyrl_agent.inference.server.prefix_cache import PrefixCache
+from skyrl_agent.inference.server.prefix_cache import PrefixCache, image_cache_key, whole_images
 from skyrl_agent.inference.server.sampling import Choice, SamplingParams, choose, make_generator
 from skyrl_agent.inference.server.weight_swap import DoubleBufferedWeights
 from skyrl_agent.inference.server.weights import WeightLoader
-from skyrl_agent.types import ChangedWeights
+from skyrl_agent.inference.vision import ImageInputs, text_config
+from skyrl_agent.types import ChangedWeights, PlacedImage
 
 log = logging.getLogger(__name__)
 PauseMode = Literal["keep", "wait", "abort"]
@@ -56,6 +57,11 @@ class _Request:
     outputs: list[SequenceOutput | None] = field(default_factory=list)
     cached_tokens: int = 0
     prompt_routing: np.ndarray | None = None
+    images: tuple[PlacedImage, ...] = ()
+    """Vision models: the images in the prompt, each over its span of image tokens."""
+    cache_key: list[int] = field(default_factory=list)
+    """The prompt as the prefix cache sees it: each image's span marked with that image's
+    own ids, so a cached prefix never stands in for a different picture."""
 
 
 @dataclass
@@ -83,11 +89,13 @@ class Engine:
     def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int = 32,
                  max_model_len: int | None = None, prefix_cache_tokens: int = 32768,
                  kv_cache_mb: float = 1024, policy_version: int = 0,
-                 weights: WeightLoader | None = None) -> None:
+                 weights: WeightLoader | None = None,
+                 images: ImageInputs | None = None) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
+        self.images = images
         self.max_batch_size = max_batch_size
-        self.max_model_len = max_model_len or model.config.max_position_embeddings
+        self.max_model_len = max_model_len or text_config(model.config).max_position_embeddings
         self.policy_version = policy_version
         self.eos_ids = _eos_ids(model, tokenizer)
         self.device = next(model.parameters()).device
@@ -128,13 +136,15 @@ class Engine:
         """MoE router layers of the model (0 for a dense model)."""
         return len(self._tap.routers)
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams,
-                       n: int = 1) -> list[SequenceOutput]:
-        """Sample `n` completions of `prompt_ids`; queued while the engine is paused."""
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, n: int = 1,
+                       images: tuple[PlacedImage, ...] = ()) -> list[SequenceOutput]:
+        """Sample `n` completions of `prompt_ids` (with `images` over their spans, checked by
+        the caller); queued while the engine is paused."""
         loop = asyncio.get_running_loop()
         max_length = min(len(prompt_ids) + params.max_tokens, self.max_model_len)
         self.kv.check_alone(max_length, len(prompt_ids))
-        request = _Request(list(prompt_ids), params, n, loop, loop.create_future(), max_length)
+        request = _Request(list(prompt_ids), params, n, loop, loop.create_future(), max_length,
+                           images=images, cache_key=image_cache_key(prompt_ids, images))
         request.outputs = [None] * n
         self._post(lambda: self._waiting.append(request))
         try:
@@ -265,12 +275,15 @@ class Engine:
         max_length = self._reach(request)
         self.kv.make_room(held_after_prefill(self._batch, count, len(prompt), max_length),
                           beside=len(prompt))
-        cached, layers, cached_routing = self._prefix.lookup(prompt)
+        cached, layers, cached_routing = self._prefix.lookup(request.cache_key)
+        cached, layers, cached_routing = whole_images(cached, layers, cached_routing,
+                                                      request.images)
         cache = DynamicCache(ddp_cache_data=layers) if layers else DynamicCache()
         self._tap.discard()
         out = self.model(input_ids=torch.tensor([prompt[cached:]], device=self.device),
                          position_ids=torch.arange(cached, len(prompt), device=self.device)[None],
-                         cache=cache, use_cache=True, logits_to_keep=1)
+                         cache=cache, use_cache=True, logits_to_keep=1,
+                         **self._pixel_inputs(request.images, cached))
         request.cached_tokens = cached
         if self._tap.active:
             new = self._tap.take()
@@ -291,6 +304,14 @@ class Engine:
         logits = out.logits[:, -1].expand(count, -1)
         self._append(rows, choose(logits, [request.params] * count,
                                   [r.generator for r in rows]))
+
+    def _pixel_inputs(self, images: tuple[PlacedImage, ...], cached: int) -> dict[str, Any]:
+        """The pixel inputs of the images the prefill still runs (those the cache lacks)."""
+        pending = [image.data for image in images if image.offset >= cached]
+        if not pending:
+            return {}
+        assert self.images is not None  # the server accepts images only for a vision model
+        return self.images.model_kwargs(pending, self.device)
 
     def _decode(self) -> None:
         assert self._batch is not None
@@ -355,7 +376,7 @@ class Engine:
         for i in done:
             row = self._rows[i]
             routing = row.routed_experts()  # joined once, for the cache and the answer
-            known = row.request.prompt_ids + row.tokens[:-1]  # the last token has no KV yet
+            known = row.request.cache_key + row.tokens[:-1]  # the last token has no KV yet
             if row.finish != "abort" and held + len(known) <= self.kv.tokens:
                 self.kv.make_room(held, beside=len(known))  # the copy must fit beside the batch
                 self._prefix.store(known, self._batch.row(i, len(known)), routing)

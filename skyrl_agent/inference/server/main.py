@@ -53,13 +53,14 @@ class ServeOptions:
 
 def load_engine(options: ServeOptions):
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     from skyrl_agent.inference.models import resolve_model
     from skyrl_agent.inference.server.engine import Engine
     from skyrl_agent.inference.server.weight_folders import WeightsFolders
     from skyrl_agent.inference.server.weights import WeightLoader
+    from skyrl_agent.inference.vision import ImageInputs, load_pretrained, text_config
 
     hf_logging.disable_progress_bar()  # a server log is not a terminal
     folder = resolve_model(options.model)
@@ -67,23 +68,23 @@ def load_engine(options: ServeOptions):
     if not isinstance(dtype, torch.dtype):
         raise ConfigError(f"unknown dtype {options.dtype!r} (try float32 or bfloat16)")
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+    model = load_pretrained(folder, dtype)
     if torch.cuda.is_available():
-        # transformers wraps cuda() in functools.wraps, whose stub loses the bound `self`.
-        model = model.cuda()  # type: ignore[call-arg]
+        model = model.cuda()
     else:
         # Loaded weights may still be backed by the file's mapping; the first in-place weight
         # update would then page-fault through all of it (measured 10x slower). Own them now.
         with torch.no_grad():
             for param in model.parameters():
                 param.data = param.data.clone()
-    if options.max_model_len and options.max_model_len > model.config.max_position_embeddings:
-        raise ConfigError(f"max_model_len {options.max_model_len} exceeds the model's "
-                          f"{model.config.max_position_embeddings}")
+    context = text_config(model.config).max_position_embeddings
+    if options.max_model_len and options.max_model_len > context:
+        raise ConfigError(f"max_model_len {options.max_model_len} exceeds the model's {context}")
     engine = Engine(model, tokenizer, max_batch_size=options.max_batch_size,
                     max_model_len=options.max_model_len, kv_cache_mb=options.kv_cache_mb,
                     policy_version=options.policy_version,
-                    weights=WeightLoader(WeightsFolders.with_extra(options.weights_dirs)))
+                    weights=WeightLoader(WeightsFolders.with_extra(options.weights_dirs)),
+                    images=ImageInputs.for_model(folder))
     return engine, tokenizer
 
 

@@ -11,6 +11,7 @@ from collections import OrderedDict
 import numpy as np
 
 from skyrl_agent.inference.server.kv import KV
+from skyrl_agent.types import PlacedImage
 
 
 class PrefixCache:
@@ -74,6 +75,30 @@ class PrefixCache:
         layers, _ = self._entries.pop(key)
         self._tokens -= len(key)
         self._bytes -= _nbytes(layers)
+
+
+def image_cache_key(prompt_ids: list[int], images: tuple[PlacedImage, ...]) -> list[int]:
+    """`prompt_ids` with each image's span replaced by ids no token has (negative, from the
+    image's hash), so prefixes match only where the pictures are the same."""
+    key = list(prompt_ids)
+    for image in images:
+        mark = -1 - int(image.sha256[:15], 16)
+        key[image.offset : image.end] = [mark] * image.length
+    return key
+
+
+def whole_images(cached: int, layers: list[KV] | None, routing: np.ndarray | None,
+                 images: tuple[PlacedImage, ...],
+                 ) -> tuple[int, list[KV] | None, np.ndarray | None]:
+    """A cached prefix cut back to the start of an image it ends inside: the model encodes an
+    image whole, in one forward."""
+    cut = next((image.offset for image in images if image.offset < cached < image.end), cached)
+    if cut == cached or layers is None:
+        return cached, layers, routing
+    if cut == 0:
+        return 0, None, None
+    return (cut, [(k[:, :, :cut], v[:, :, :cut]) for k, v in layers],
+            None if routing is None else routing[:cut])
 
 
 def _nbytes(layers: list[KV]) -> int:

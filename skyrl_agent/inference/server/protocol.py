@@ -7,7 +7,7 @@ effect when it did not.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -68,11 +68,32 @@ class _Sampling(_Body):
             logprobs=logprobs)
 
 
+class TokenChunk(_Body):
+    """Part of a prompt given as token ids."""
+
+    type: Literal["encoded_text"] = "encoded_text"
+    tokens: list[int] = Field(min_length=1)
+
+
+class ImageChunk(_Body):
+    """An image in a prompt: it takes as many image tokens as the model's processor gives it."""
+
+    type: Literal["image"] = "image"
+    data: str
+    """Base64 bytes (PNG or JPEG), or a data: URL."""
+    expected_tokens: int | None = Field(default=None, ge=1)
+    """When given, a request whose image takes another number of tokens is refused."""
+
+
 class CompletionRequest(_Sampling):
     """POST /v1/completions."""
 
-    prompt: str | list[int] | list[str] | list[list[int]]
+    prompt: str | list[int] | list[str] | list[list[int]] | None = None
     """Text, token ids, or a list of either (one prompt each)."""
+    prompt_chunks: list[Annotated[TokenChunk | ImageChunk, Field(discriminator="type")]] | None \
+        = Field(default=None, min_length=1)
+    """Vision models: one prompt as token and image chunks in order (Tinker's ModelInput
+    layout); the tokens around each image (e.g. image start/end markers) are the caller's."""
     logprobs: int | None = Field(default=None, ge=0, le=20)
     """Top alternatives per token; 0 still returns the sampled token's logprob."""
     echo: bool = False
@@ -95,8 +116,15 @@ class CompletionRequest(_Sampling):
             raise ValueError("prompt is empty")
         return value
 
+    @model_validator(mode="after")
+    def _one_prompt_form(self) -> CompletionRequest:
+        if (self.prompt is None) == (self.prompt_chunks is None):
+            raise ValueError("give exactly one of prompt or prompt_chunks")
+        return self
+
     def prompts(self) -> list[str | list[int]]:
-        """One entry per prompt: text or token ids."""
+        """One entry per prompt: text or token ids (not for prompt_chunks)."""
+        assert self.prompt is not None
         if isinstance(self.prompt, str):
             return [self.prompt]
         if all(isinstance(p, int) for p in self.prompt):

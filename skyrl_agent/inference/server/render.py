@@ -14,22 +14,34 @@ class BadRequest(ValueError):
     """Input the server refuses with a 400 and this message."""
 
 
-def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, Any]],
-                    tools: list[dict[str, Any]] | None, add_generation_prompt: bool,
-                    continue_final_message: bool = False,
-                    template_kwargs: dict[str, Any] | None = None,
-                    max_chars: int | None = None) -> list[int]:
-    """Render messages (and tool definitions) with the model's chat template into token ids;
-    more than `max_chars` of rendered text is refused before it is tokenized."""
-    if not getattr(tokenizer, "chat_template", None):
+def chat_text(renderer: Any, messages: list[dict[str, Any]],
+              tools: list[dict[str, Any]] | None, add_generation_prompt: bool,
+              continue_final_message: bool = False,
+              template_kwargs: dict[str, Any] | None = None,
+              max_chars: int | None = None) -> str:
+    """Render messages (and tool definitions) with the chat template of `renderer` (a
+    tokenizer, or a vision model's processor); more than `max_chars` of rendered text is
+    refused before it is tokenized."""
+    if not getattr(renderer, "chat_template", None):
         raise BadRequest("this model has no chat template; use /v1/completions")
     try:
-        text = tokenizer.apply_chat_template(
+        text = renderer.apply_chat_template(
             messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message, **(template_kwargs or {}))
     except Exception as exc:  # noqa: BLE001 - jinja raises many types for bad messages
         raise BadRequest(f"cannot render messages with the chat template: {exc}") from None
     check_text_size(text, max_chars)
+    return str(text)
+
+
+def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, Any]],
+                    tools: list[dict[str, Any]] | None, add_generation_prompt: bool,
+                    continue_final_message: bool = False,
+                    template_kwargs: dict[str, Any] | None = None,
+                    max_chars: int | None = None) -> list[int]:
+    """Chat messages as prompt ids (see chat_text)."""
+    text = chat_text(tokenizer, messages, tools, add_generation_prompt, continue_final_message,
+                     template_kwargs, max_chars)
     # The template writes special tokens as text, so they must not be added a second time.
     return tokenizer.encode(text, add_special_tokens=False)
 

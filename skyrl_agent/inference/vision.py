@@ -1,0 +1,233 @@
+"""Images for vision-language models, shared by the server, the sessions and the trainers.
+
+An image is always its encoded bytes. Wherever a forward runs (sampler or trainer), its pixels
+are computed from those bytes by the model's own image processor, and it occupies a run of the
+model's image token in the ids, as many as the processor says. So stored ids = sampled ids =
+recomputed ids holds for multimodal turns as it does for text, and the pixels agree too.
+
+Images come from agents and clients, so they are decoded defensively: PNG or JPEG only, a byte
+and a pixel bound checked before anything is decompressed.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from skyrl_agent.types import PlacedImage
+
+MAX_IMAGE_BYTES = 8 << 20
+MAX_IMAGE_PIXELS = 4096 * 4096
+IMAGE_FORMATS = {"PNG": "png", "JPEG": "jpeg"}
+
+
+class ImageError(ValueError):
+    """An image that is not one we read (format, size, or placement): a client error."""
+
+
+def decode_image(data: bytes) -> Any:
+    """A PIL RGB image from PNG/JPEG bytes, bounded before decompression (a crafted file can
+    declare billions of pixels in a few bytes)."""
+    from PIL import Image, UnidentifiedImageError
+
+    if len(data) > MAX_IMAGE_BYTES:
+        raise ImageError(f"an image of {len(data)} bytes; at most {MAX_IMAGE_BYTES} are read")
+    try:
+        image = Image.open(io.BytesIO(data))  # reads the header only
+    except Image.DecompressionBombError:
+        raise ImageError(f"an image of more than {MAX_IMAGE_PIXELS} pixels; at most "
+                         f"{MAX_IMAGE_PIXELS} pixels are read") from None
+    except (UnidentifiedImageError, OSError) as exc:
+        raise ImageError(f"not a readable image: {exc}") from None
+    if image.format not in IMAGE_FORMATS:
+        raise ImageError(f"image format {image.format}; only PNG and JPEG are read")
+    width, height = image.size
+    if width * height > MAX_IMAGE_PIXELS:
+        raise ImageError(f"an image of {width}x{height} pixels; at most {MAX_IMAGE_PIXELS} "
+                         "pixels are read")
+    try:
+        image.load()
+    except (OSError, ValueError, SyntaxError) as exc:  # truncated or corrupt data
+        raise ImageError(f"not a readable image: {exc}") from None
+    return image.convert("RGB")
+
+
+def is_vision_model(folder: Path) -> bool:
+    """Whether the Hugging Face folder holds a vision-language model (its config nests a
+    vision tower's)."""
+    config = folder / "config.json"
+    return config.is_file() and "vision_config" in json.loads(config.read_text())
+
+
+def load_pretrained(folder: Path, dtype: Any) -> Any:
+    """The model in `folder`: a causal LM, or an image-text-to-text model for a VLM."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    loader = AutoModelForImageTextToText if is_vision_model(folder) else AutoModelForCausalLM
+    return loader.from_pretrained(folder, dtype=dtype)
+
+
+def text_config(config: Any) -> Any:
+    """The language model's part of a (possibly multimodal) config."""
+    return config.get_text_config()
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """A prompt with its images in place: ids (image spans hold the image token) and images."""
+
+    ids: list[int]
+    images: tuple[PlacedImage, ...]
+
+
+class ImageInputs:
+    """The model's processor, reduced to what token-exact turns need: how many placeholder
+    tokens an image takes, the ids of a prompt with images in place, and the pixel inputs the
+    model reads beside the ids."""
+
+    def __init__(self, processor: Any) -> None:
+        self.processor = processor
+        self.image_token: str = processor.image_token
+        self.token_id: int = processor.tokenizer.convert_tokens_to_ids(self.image_token)
+        self._counts: OrderedDict[str, int] = OrderedDict()
+
+    @classmethod
+    def for_model(cls, folder: Path) -> ImageInputs | None:
+        """The image inputs of the VLM in `folder`; None for a text-only model."""
+        if not is_vision_model(folder):
+            return None
+        from transformers import AutoProcessor
+
+        return cls(AutoProcessor.from_pretrained(folder))
+
+    def token_count(self, data: bytes) -> int:
+        """How many image tokens the processor gives this image."""
+        key = PlacedImage(data, 0, 1).sha256
+        if key not in self._counts:
+            ids = self.processor(text=self.image_token, images=[decode_image(data)],
+                                 add_special_tokens=False)["input_ids"][0]
+            self._counts[key] = sum(1 for i in ids if i == self.token_id)
+            if len(self._counts) > 4096:
+                self._counts.popitem(last=False)
+        self._counts.move_to_end(key)
+        return self._counts[key]
+
+    def expand(self, chunks: Sequence[Sequence[int] | bytes]) -> Rendered:
+        """Token chunks and images (bytes), in order, as ids with each image's span filled
+        with the image token. Token chunks may not hold the image token themselves: an image
+        span without its image would fail the forward."""
+        ids: list[int] = []
+        images: list[PlacedImage] = []
+        for chunk in chunks:
+            if isinstance(chunk, bytes):
+                image = PlacedImage(chunk, len(ids), self.token_count(chunk))
+                images.append(image)
+                ids.extend([self.token_id] * image.length)
+            else:
+                if self.token_id in chunk:
+                    raise ImageError(f"token id {self.token_id} ({self.image_token}) stands for "
+                                     "an image; send the image itself as an image chunk")
+                ids.extend(chunk)
+        return Rendered(ids, tuple(images))
+
+    def render_text(self, text: str, images: Sequence[bytes]) -> Rendered:
+        """Text holding one image token per image (as a chat template writes them) tokenized
+        by the processor itself, which expands each one to the image's span."""
+        if text.count(self.image_token) != len(images):
+            raise ImageError(f"{text.count(self.image_token)} image placeholders for "
+                             f"{len(images)} images")
+        decoded = [decode_image(data) for data in images]
+        ids = list(self.processor(text=text, images=decoded or None,
+                                  add_special_tokens=False)["input_ids"][0])
+        placed, at = [], 0
+        for data in images:
+            length = self.token_count(data)
+            at = ids.index(self.token_id, at)
+            if ids[at : at + length] != [self.token_id] * length:
+                raise ImageError("the processor's image spans do not match its token counts")
+            placed.append(PlacedImage(data, at, length))
+            at += length
+        return Rendered(ids, tuple(placed))
+
+    def check_placement(self, ids: Sequence[int], images: Sequence[PlacedImage]) -> None:
+        """Every image token belongs to exactly one image's span, each span is whole, in
+        order, and the right length for its image."""
+        covered = 0
+        previous_end = 0
+        for image in images:
+            if image.offset < previous_end or image.end > len(ids):
+                raise ImageError(f"image span {image.offset}..{image.end} overlaps another or "
+                                 f"runs past {len(ids)} tokens")
+            if any(ids[i] != self.token_id for i in range(image.offset, image.end)):
+                raise ImageError(f"image span {image.offset}..{image.end} holds other tokens")
+            if image.length != self.token_count(image.data):
+                raise ImageError(f"an image spans {image.length} tokens; the processor gives "
+                                 f"it {self.token_count(image.data)}")
+            covered += image.length
+            previous_end = image.end
+        stray = sum(1 for i in ids if i == self.token_id) - covered
+        if stray:
+            raise ImageError(f"{stray} image tokens belong to no image")
+
+    def model_kwargs(self, images: Sequence[bytes], device: Any = None) -> dict[str, Any]:
+        """The pixel inputs (pixel_values and whatever else this processor gives) for these
+        images, in order; empty without images."""
+        if not images:
+            return {}
+        out = self.processor.image_processor(images=[decode_image(d) for d in images],
+                                             return_tensors="pt")
+        return {name: value.to(device) if device is not None else value
+                for name, value in out.items()}
+
+
+def image_bytes(reference: str) -> bytes:
+    """The bytes of an image sent inline: base64, or a `data:image/...;base64,` URL. A server
+    never fetches a remote URL for a client (it would reach wherever the server can)."""
+    import base64
+    import binascii
+
+    if reference.startswith("data:"):
+        header, _, reference = reference.partition(",")
+        if not header.endswith(";base64"):
+            raise ImageError("an image data URL must be base64 (data:image/png;base64,...)")
+    elif "://" in reference:
+        raise ImageError("images are taken inline only (base64 or a data: URL), not fetched "
+                         "from a URL")
+    try:
+        data = base64.b64decode(reference, validate=True)
+    except (binascii.Error, ValueError):
+        raise ImageError("an image is not valid base64") from None
+    decode_image(data)  # refuse it here, with its reason, rather than at the forward
+    return data
+
+
+def split_image_parts(messages: Sequence[dict[str, Any]],
+                      ) -> tuple[list[dict[str, Any]], list[bytes]]:
+    """OpenAI chat messages with `image_url` content parts as the chat templates of HF
+    processors take them (`{"type": "image"}` where each image goes), and the images in
+    order."""
+    images: list[bytes] = []
+    converted = []
+    for message in messages:
+        content = message.get("content")
+        if not isinstance(content, list):
+            converted.append(message)
+            continue
+        parts = []
+        for part in content:
+            if isinstance(part, dict) and part.get("type") == "image_url":
+                url = part.get("image_url")
+                url = url.get("url") if isinstance(url, dict) else url
+                if not isinstance(url, str):
+                    raise ImageError("an image_url part needs image_url.url")
+                images.append(image_bytes(url))
+                parts.append({"type": "image"})
+            else:
+                parts.append(part)
+        converted.append({**message, "content": parts})
+    return converted, images

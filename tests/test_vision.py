@@ -1,0 +1,205 @@
+"""Vision-language models on the token-in/token-out path: a tiny LLaVA served with images
+(Tinker-style prompt chunks, OpenAI image parts), the prefix cache keyed by the picture, and a
+trainer that reads exactly what the sampler read (ids, image spans, pixels)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+
+from skyrl_agent.inference.process import embedded_server
+from skyrl_agent.inference.vision import ImageError, ImageInputs, decode_image, image_bytes
+from skyrl_agent.trainers.backend import AdamParams, Datum
+from skyrl_agent.trainers.torch_backend import TorchBackend
+from skyrl_agent.trainers.torch_model import LoraSettings
+from skyrl_agent.types import PlacedImage
+from tests.tiny_models import char_tokenizer, char_vlm_dir, png
+
+pytestmark = pytest.mark.slow
+RED, BLUE = png((220, 20, 20)), png((20, 20, 220))
+
+
+@pytest.fixture(scope="module")
+def vlm_dir(tmp_path_factory):
+    return char_vlm_dir(tmp_path_factory.mktemp("vlm"))
+
+
+@pytest.fixture(scope="module")
+def vlm_server(vlm_dir):
+    with embedded_server(str(vlm_dir)) as process:
+        yield process
+
+
+def _post(url: str, path: str, body: dict, key: str | None = None) -> tuple[int, dict]:
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    request = urllib.request.Request(url + path, json.dumps(body).encode(), headers)
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def _ids(text: str) -> list[int]:
+    return char_tokenizer().encode(text, add_special_tokens=False)
+
+
+def _chunks(image: bytes, before: str = "<|user|>What colour is this? ",
+            after: str = "<|end|><|assistant|>") -> list[dict]:
+    return [{"type": "encoded_text", "tokens": _ids(before)},
+            {"type": "image", "data": base64.b64encode(image).decode()},
+            {"type": "encoded_text", "tokens": _ids(after)}]
+
+
+def _sample(url: str, chunks: list[dict], seed: int = 1) -> dict:
+    status, body = _post(url, "/v1/completions", {
+        "prompt_chunks": chunks, "max_tokens": 12, "seed": seed, "logprobs": 0,
+        "return_token_ids": True, "ignore_eos": True})
+    assert status == 200, body
+    return body
+
+
+def _datum(choice: dict, images: tuple[PlacedImage, ...]) -> tuple[Datum, list[float]]:
+    sequence = choice["prompt_token_ids"] + choice["token_ids"]
+    datum = Datum(tuple(sequence[:-1]), {
+        "target_tokens": tuple(float(t) for t in sequence[1:]),
+        "weights": (0.0,) * (len(choice["prompt_token_ids"]) - 1)
+        + (1.0,) * len(choice["token_ids"]),
+        "advantages": (1.0,) * (len(sequence) - 1)}, images=images)
+    return datum, choice["logprobs"]["token_logprobs"]
+
+
+def _placed(vlm_dir, choice: dict, image: bytes) -> tuple[PlacedImage, ...]:
+    inputs = ImageInputs.for_model(vlm_dir)
+    assert inputs is not None
+    offset = choice["prompt_token_ids"].index(inputs.token_id)
+    return (PlacedImage(image, offset, inputs.token_count(image)),)
+
+
+def _gap(trainer: tuple[float, ...], served: list[float]) -> float:
+    return max(abs(a - b) for a, b in zip(trainer[-len(served):], served, strict=True))
+
+
+def test_an_image_chunk_is_served_and_the_trainer_reads_exactly_what_the_sampler_read(
+        vlm_server, vlm_dir):
+    """The sampler's ids hold each image's span of image tokens (16 for a 32-pixel tiny LLaVA
+    with 8-pixel patches); the trainer, given those ids and the image bytes, computes the
+    sampled tokens' logprobs within 1e-3; and the picture reaches the model: the same ids with
+    another image give other logprobs, in the server and in the trainer."""
+    red = _sample(vlm_server.url, _chunks(RED))["choices"][0]
+    blue = _sample(vlm_server.url, _chunks(BLUE))["choices"][0]
+    assert red["prompt_token_ids"] == blue["prompt_token_ids"]
+    images = _placed(vlm_dir, red, RED)
+    assert images[0].length == 16
+    backend = TorchBackend(vlm_dir, dtype="float32")
+    try:
+        red_datum, red_served = _datum(red, images)
+        [red_trained] = backend.forward([red_datum])
+        assert _gap(red_trained, red_served) <= 1e-3
+        # The same sampled ids scored with the blue picture instead: they move.
+        [as_blue] = backend.forward([Datum(red_datum.model_input, red_datum.loss_fn_inputs,
+                                           images=_placed(vlm_dir, red, BLUE))])
+        assert _gap(as_blue, red_served) > 1e-3
+        blue_datum, blue_served = _datum(blue, _placed(vlm_dir, blue, BLUE))
+        [blue_trained] = backend.forward([blue_datum, red_datum])[:1]  # batched with red
+        assert _gap(blue_trained, blue_served) <= 1e-3
+    finally:
+        backend.close()
+
+
+def test_the_prefix_cache_never_reuses_one_picture_for_another(vlm_server):
+    """Two prompts with the same ids but different images share their text before the image
+    only; the same prompt again is served from the cache, with the same logprobs."""
+    long_text = "<|system|>" + "You look at pictures and name their colours. " * 2 + "<|end|>"
+    first = _sample(vlm_server.url, _chunks(RED, before=long_text + "<|user|>This: "), seed=4)
+    offset = first["choices"][0]["prompt_token_ids"].index(103)
+    other = _sample(vlm_server.url, _chunks(BLUE, before=long_text + "<|user|>This: "), seed=4)
+    assert other["usage"]["prompt_tokens_details"]["cached_tokens"] <= offset
+    again = _sample(vlm_server.url, _chunks(RED, before=long_text + "<|user|>This: "), seed=4)
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > offset + 16
+    assert again["choices"][0]["token_ids"] == first["choices"][0]["token_ids"]
+    lp_first = first["choices"][0]["logprobs"]["token_logprobs"]
+    lp_again = again["choices"][0]["logprobs"]["token_logprobs"]
+    assert max(abs(a - b) for a, b in zip(lp_first, lp_again, strict=True)) <= 1e-4
+
+
+def test_chat_completions_take_openai_image_parts(vlm_server):
+    """An image_url part with a data URL renders through the processor's chat template: the
+    prompt ids hold the image's span where the template put the image."""
+    url = "data:image/png;base64," + base64.b64encode(RED).decode()
+    status, body = _post(vlm_server.url, "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "Colour? "},
+            {"type": "image_url", "image_url": {"url": url}}]}],
+        "max_tokens": 4, "return_token_ids": True})
+    assert status == 200, body
+    prompt = body["prompt_token_ids"]
+    assert prompt.count(103) == 16
+    assert prompt[: prompt.index(103)] == _ids("<|user|>Colour? ")
+
+
+@pytest.mark.parametrize("attack, message", [
+    ({"prompt": [5, 103, 103, 6]}, "belong to no image"),
+    ({"prompt_chunks": [{"type": "encoded_text", "tokens": [5, 103, 6]}]}, "stands for an image"),
+    ({"prompt_chunks": [{"type": "image", "data": "http://169.254.169.254/x.png"}]},
+     "not fetched"),
+    ({"prompt_chunks": [{"type": "image", "data": "bm90IGFuIGltYWdl"}]}, "not a readable image"),
+    ({"prompt_chunks": [{"type": "image", "data": base64.b64encode(RED).decode(),
+                         "expected_tokens": 9}]}, "not the expected 9"),
+])
+def test_the_server_refuses_images_that_would_break_the_forward_or_reach_out(
+        vlm_server, attack, message):
+    """Image tokens with no image (the forward would fail for every row in the batch), an
+    image fetched from a URL (the server would reach wherever it can), bytes that are no image,
+    and a token count other than the client expects: each a 400 naming the problem."""
+    status, body = _post(vlm_server.url, "/v1/completions", {**attack, "max_tokens": 2})
+    assert status == 400 and message in body["error"]["message"]
+
+
+def test_a_decompression_bomb_is_refused_before_it_is_decoded():
+    """A PNG that declares 20000 x 20000 pixels in a few hundred bytes is refused from its
+    header, before its pixels are inflated."""
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("1", (20000, 20000)).save(out, format="PNG")
+    assert len(out.getvalue()) < 100_000
+    with pytest.raises(ImageError, match="at most"):
+        decode_image(out.getvalue())
+    with pytest.raises(ImageError, match="not fetched"):
+        image_bytes("file:///etc/passwd")
+
+
+def test_lora_trains_the_language_model_and_the_server_follows(vlm_dir):
+    """LoRA adapters go on the language model's layers only (none on the vision tower); after
+    a step on an image datum and a weight push, the server's logprobs for that image match the
+    trainer's again, and they moved."""
+    backend = TorchBackend(vlm_dir, dtype="float32", lora=LoraSettings(rank=4))
+    adapted = [name for name in backend.params if "lora_" in name]
+    assert adapted and all("language_model" in name for name in adapted)
+    try:
+        with embedded_server(str(vlm_dir)) as server:  # its own: the weights change
+            before = _sample(server.url, _chunks(RED), seed=2)["choices"][0]
+            datum, _ = _datum(before, _placed(vlm_dir, before, RED))
+            for _ in range(3):
+                backend.forward_backward([datum], "importance_sampling")
+                backend.optim_step(AdamParams(learning_rate=5e-2))
+            update = backend.save_weights_for_sampler(1)
+            status, body = _post(server.url, "/update_weights",
+                                 {"path": str(update.path), "version": 1}, server.api_key)
+            assert status == 200, body
+            after = _sample(server.url, _chunks(RED), seed=2)["choices"][0]
+        after_datum, after_served = _datum(after, _placed(vlm_dir, after, RED))
+        [trained] = backend.forward([after_datum])
+        assert _gap(trained, after_served) <= 1e-3
+        [old] = backend.forward([datum])
+        assert _gap(old, before["logprobs"]["token_logprobs"]) > 1e-2
+    finally:
+        backend.close()
