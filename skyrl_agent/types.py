@@ -259,6 +259,9 @@ class Turn:
     token_policy_versions: tuple[int, ...] | None = None
     """Per sampled token, the weight version that sampled it (differs within a turn when
     weights were updated mid-generation); `policy_version` is the oldest of them."""
+    images: tuple[PlacedImage, ...] = ()
+    """Vision models: every image in `prompt_ids` (earlier turns' too), over its span of
+    image tokens, in order."""
 
     def __post_init__(self) -> None:
         n = len(self.completion_ids)
@@ -267,6 +270,8 @@ class Turn:
                 f"turn has {n} completion ids but {len(self.completion_logprobs)} logprobs "
                 f"and {len(self.loss_mask)} mask entries"
             )
+        if any(image.end > len(self.prompt_ids) for image in self.images):
+            raise ValueError(f"an image span runs past the {len(self.prompt_ids)} prompt ids")
 
 
 @dataclass(frozen=True)

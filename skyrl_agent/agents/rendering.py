@@ -16,6 +16,11 @@ the text around its content is learned per role (`RoleShape`) and reused, with n
 render. A role gets a shape only when probes of awkward contents, alone and two in a row, render
 exactly as the shape says (a template that trims, escapes or looks at the content gets none);
 anything else is rendered by the template.
+
+A vision model's messages may hold images: content parts `{"type": "image", "data": bytes}`
+beside `{"type": "text", "text": ...}` (see `image_part`). The template (the processor's) writes
+its image placeholder where each goes, and the processor expands each to the image's span of
+image tokens; the `render_*` methods return the ids with the images placed.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from skyrl_agent.inference.vision import ImageInputs, Rendered
 
 Message = dict[str, Any]
 _PROBE_HEAD: list[Message] = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
@@ -57,11 +64,15 @@ class RoleShape:
 class ChatRenderer:
     """Token ids for a conversation's start, and for the messages that extend it."""
 
-    def __init__(self, tokenizer: Any, tools: list[dict[str, Any]] | None = None) -> None:
+    def __init__(self, tokenizer: Any, tools: list[dict[str, Any]] | None = None,
+                 images: ImageInputs | None = None) -> None:
         if not getattr(tokenizer, "chat_template", None):
             raise TemplateError("the model has no chat template")
         self.tokenizer = tokenizer
         self.tools = tools
+        self.images = images
+        """A vision model's image inputs; its processor's template renders the messages."""
+        self._template_owner = images.processor if images is not None else tokenizer
         with_reply = self._text([*_PROBE_HEAD, {"role": "assistant", "content": _MARKER}], False)
         if _MARKER not in with_reply:
             raise TemplateError("the chat template drops assistant messages")
@@ -78,7 +89,7 @@ class ChatRenderer:
         self._shapes: dict[str, RoleShape | None] = {}
 
     def _text(self, messages: Sequence[Message], add_generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(
+        return self._template_owner.apply_chat_template(
             list(messages), tools=self.tools, tokenize=False,
             add_generation_prompt=add_generation_prompt)
 
@@ -90,7 +101,7 @@ class ChatRenderer:
 
     def start(self, messages: Sequence[Message]) -> list[int]:
         """The ids of a fresh conversation, ending with the assistant generation prompt."""
-        return self._encode(self._text(messages, True))
+        return _ids_only(self.render_start(messages))
 
     def extend(self, completion_ids: Sequence[int], messages: Sequence[Message]) -> list[int]:
         """Ids to append after a sampled completion so that `messages` follow it.
@@ -98,9 +109,27 @@ class ChatRenderer:
         A completion cut off by max_tokens did not sample its end-of-turn token; it is added
         here (as prompt, never as a trained token).
         """
+        return _ids_only(self.render_extend(completion_ids, messages))
+
+    def render_start(self, messages: Sequence[Message]) -> Rendered:
+        """`start`, with the images of the messages placed (offsets from the first id)."""
+        template, pictures = split_images(messages)
+        return self._encode_with(self._text(template, True), pictures)
+
+    def render_extend(self, completion_ids: Sequence[int],
+                      messages: Sequence[Message]) -> Rendered:
+        """`extend`, with the images of the messages placed (offsets from the first new id)."""
+        template, pictures = split_images(messages)
         closed = bool(completion_ids) and completion_ids[-1] in self.end_of_turn_ids
-        text = ("" if closed else self.end_of_turn) + self.separator + self.new_messages(messages)
-        return self._encode(text)
+        text = ("" if closed else self.end_of_turn) + self.separator + self.new_messages(template)
+        return self._encode_with(text, pictures)
+
+    def _encode_with(self, text: str, pictures: list[bytes]) -> Rendered:
+        if not pictures:
+            return Rendered(self._encode(text), ())
+        if self.images is None:
+            raise TemplateError("the messages hold images but the model is not a vision model")
+        return self.images.render_text(text, pictures)
 
     def new_messages(self, messages: Sequence[Message]) -> str:
         """The template's text for `messages` following an assistant reply, plus the prompt."""
@@ -150,10 +179,45 @@ class ChatRenderer:
     def full(self, messages: Sequence[Message]) -> list[int]:
         """A from-scratch rendering of the whole conversation (for the drift metric only),
         ending where a recorded conversation ends: after the last end-of-turn token."""
-        text = self._text(messages, False)
+        template, pictures = split_images(messages)
+        text = self._text(template, False)
         if self.separator and text.endswith(self.separator):
             text = text[: -len(self.separator)]
-        return self._encode(text)
+        return self._encode_with(text, pictures).ids
+
+
+def image_part(data: bytes) -> dict[str, Any]:
+    """A content part that shows the model an image (PNG or JPEG bytes)."""
+    return {"type": "image", "data": data}
+
+
+def split_images(messages: Sequence[Message]) -> tuple[list[Message], list[bytes]]:
+    """Messages as the template takes them (each image part a bare `{"type": "image"}`) and
+    the images, in order. Text-only messages pass through as they are."""
+    if not any(isinstance(m.get("content"), list) for m in messages):
+        return list(messages), []
+    pictures: list[bytes] = []
+    template: list[Message] = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list):
+            parts = []
+            for part in content:
+                if part.get("type") == "image":
+                    pictures.append(part["data"])
+                    parts.append({"type": "image"})
+                else:
+                    parts.append(part)
+            message = {**message, "content": parts}
+        template.append(message)
+    return template, pictures
+
+
+def _ids_only(rendered: Rendered) -> list[int]:
+    if rendered.images:
+        raise TemplateError("these messages hold images: render them with render_start or "
+                            "render_extend, which place them")
+    return rendered.ids
 
 
 def _plain(message: Message) -> bool:

@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from skyrl_agent.agents.rendering import ChatRenderer, Message
 from skyrl_agent.inference.client import Completion, CompletionClient, Sampling
+from skyrl_agent.inference.vision import ImageInputs, Rendered
 from skyrl_agent.types import FinishReason, RoutedExperts, Segment, Turn
 
 SUMMARY_PROMPT = (
@@ -94,11 +95,12 @@ class LLMSession:
 
     def __init__(self, client: CompletionClient, tokenizer: Any, config: SessionConfig,
                  tools: list[dict[str, Any]] | None = None, session_id: str | None = None,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, images: ImageInputs | None = None) -> None:
+        """`images`: a vision model's image inputs (messages may then show images)."""
         self.client = client
         self.tokenizer = tokenizer
         self.config = config
-        self.renderer = ChatRenderer(tokenizer, tools)
+        self.renderer = ChatRenderer(tokenizer, tools, images)
         self.session_id = session_id or uuid.uuid4().hex
         self.seed = seed
         self.summaries = 0
@@ -123,9 +125,10 @@ class LLMSession:
             self._restart_head_len = len(messages)
             self._segments.append(_Segment(messages=[]))
         prompt = self._next_prompt(messages)
-        if self._needs_room(len(prompt)):
+        if self._needs_room(len(prompt.ids)):
             prompt = await self._make_room(messages)
-        completion = await self._complete(prompt, self._budget(len(prompt), self.config.max_tokens))
+        completion = await self._complete(prompt,
+                                          self._budget(len(prompt.ids), self.config.max_tokens))
         self._current.messages += [*messages, _assistant(completion.text)]
         return Reply(completion.text, self._current.turns[-1].finish_reason)
 
@@ -165,13 +168,15 @@ class LLMSession:
     def _current(self) -> _Segment:
         return self._segments[-1]
 
-    def _next_prompt(self, messages: list[Message]) -> list[int]:
+    def _next_prompt(self, messages: list[Message]) -> Rendered:
         segment = self._current
         if not segment.turns:
-            return self.renderer.start([*segment.messages, *messages])
+            return self.renderer.render_start([*segment.messages, *messages])
         last = segment.turns[-1]
-        return [*last.prompt_ids, *last.completion_ids,
-                *self.renderer.extend(last.completion_ids, messages)]
+        history = [*last.prompt_ids, *last.completion_ids]
+        new = self.renderer.render_extend(last.completion_ids, messages)
+        return Rendered([*history, *new.ids],
+                        last.images + tuple(i.shifted(len(history)) for i in new.images))
 
     def _needs_room(self, prompt_len: int) -> bool:
         limit = self.config.max_context_tokens
@@ -180,7 +185,7 @@ class LLMSession:
             return full
         return prompt_len > self.config.summarize_at * limit or full
 
-    async def _make_room(self, pending: list[Message]) -> list[int]:
+    async def _make_room(self, pending: list[Message]) -> Rendered:
         if self.config.context_management == "summarize":
             return await self._summarize_and_restart(pending)
         if self.config.context_management == "truncate":
@@ -188,7 +193,7 @@ class LLMSession:
         raise ContextOverflow(f"the context ({self.config.max_context_tokens} tokens) is full "
                               "and context management is off")
 
-    def _truncate_and_restart(self, pending: list[Message]) -> list[int]:
+    def _truncate_and_restart(self, pending: list[Message]) -> Rendered:
         """A new segment: the head, the newest exchanges that fit in TRUNCATE_TO of the
         context, the pending messages. The oldest are dropped a reply at a time, with the
         messages that answered it (tool results, observations), so the segment goes on from a
@@ -196,13 +201,13 @@ class LLMSession:
         segment = self._current.messages
         head, kept = segment[: self._restart_head_len], segment[self._restart_head_len:]
         target = TRUNCATE_TO * self.config.max_context_tokens
-        while kept and len(self.renderer.start([*head, *kept, *pending])) > target:
+        while kept and len(self.renderer.render_start([*head, *kept, *pending]).ids) > target:
             replies = [i for i, m in enumerate(kept) if i > 0 and m["role"] == "assistant"]
             kept = kept[replies[0]:] if replies else []
-        prompt = self.renderer.start([*head, *kept, *pending])
-        if self._needs_room(len(prompt)):
-            raise ContextOverflow(f"even the task and the newest messages need {len(prompt)} "
-                                  f"tokens of {self.config.max_context_tokens}")
+        prompt = self.renderer.render_start([*head, *kept, *pending])
+        if self._needs_room(len(prompt.ids)):
+            raise ContextOverflow(f"even the task and the newest messages need "
+                                  f"{len(prompt.ids)} tokens of {self.config.max_context_tokens}")
         self.truncations += 1
         self._segments.append(_Segment(messages=[*head, *kept]))
         return prompt
@@ -224,27 +229,26 @@ class LLMSession:
     def sampled_tokens(self) -> int:
         return sum(len(t.completion_ids) for s in self._segments for t in s.turns)
 
-    async def _summarize_and_restart(self, pending: list[Message]) -> list[int]:
+    async def _summarize_and_restart(self, pending: list[Message]) -> Rendered:
         if self.summaries >= self.config.max_summaries or not self._current.turns:
             raise ContextOverflow("the conversation does not fit the context even after "
                                   f"{self.summaries} summaries")
         request = [{"role": "user", "content": self.config.summary_prompt}]
         prompt = self._next_prompt(request)
-        completion = await self._complete(prompt,
-                                          self._budget(len(prompt), self.config.summary_max_tokens))
+        completion = await self._complete(
+            prompt, self._budget(len(prompt.ids), self.config.summary_max_tokens))
         self._current.messages += [*request, _assistant(completion.text)]
         self._current.summary_turn_index = len(self._current.turns) - 1
         self.summaries += 1
         system, *task = self._head
-        restarted = [system, *task[:-1],
-                     {**task[-1], "content": f"{task[-1]['content']}\n\n{SUMMARY_HEADER}\n"
-                                            f"{completion.text.strip()}"}] if task else [system]
+        summary = f"\n\n{SUMMARY_HEADER}\n{completion.text.strip()}"
+        restarted = [system, *task[:-1], _appended(task[-1], summary)] if task else [system]
         self._segments.append(_Segment(messages=restarted))
         self._restart_head_len = len(restarted)
         prompt = self._next_prompt(pending)
-        if self._needs_room(len(prompt)):
-            raise ContextOverflow(f"even a fresh segment with the summary needs {len(prompt)} "
-                                  f"tokens of {self.config.max_context_tokens}")
+        if self._needs_room(len(prompt.ids)):
+            raise ContextOverflow(f"even a fresh segment with the summary needs "
+                                  f"{len(prompt.ids)} tokens of {self.config.max_context_tokens}")
         return prompt
 
     async def complete_ids(self, prompt: Sequence[int], max_tokens: int,
@@ -259,10 +263,11 @@ class LLMSession:
         if segment is None:
             self._segments.append(_Segment(messages=[]))
             segment = len(self._segments) - 1
-        completion = await self._complete(list(prompt), budget, self._segments[segment], stop)
+        completion = await self._complete(Rendered(list(prompt), ()), budget,
+                                          self._segments[segment], stop)
         return segment, completion
 
-    async def _complete(self, prompt: list[int], max_tokens: int,
+    async def _complete(self, prompt: Rendered, max_tokens: int,
                         segment: _Segment | None = None,
                         stop: tuple[str, ...] = ()) -> Completion:
         started = time.time()
@@ -272,21 +277,22 @@ class LLMSession:
         calling = time.monotonic()
         try:
             async with self.limiter or contextlib.nullcontext():
-                completion = await self.client.complete(prompt, sampling,
-                                                        session_id=self.session_id)
+                completion = await self.client.complete(prompt.ids, sampling,
+                                                        session_id=self.session_id,
+                                                        images=prompt.images)
         finally:
             self.model_time_s += time.monotonic() - calling
         n = len(completion.token_ids)
         turns = (segment or self._current).turns
         turns.append(Turn(
-            prompt_ids=tuple(prompt), completion_ids=completion.token_ids,
+            prompt_ids=tuple(prompt.ids), completion_ids=completion.token_ids,
             completion_logprobs=completion.logprobs, loss_mask=(1,) * n,
             policy_version=completion.policy_version,
             finish_reason=FinishReason.STOP if completion.finish_reason == "stop"
             else FinishReason.LENGTH,
             started_at=started, latency_s=completion.latency_s,
             token_policy_versions=completion.token_policy_versions,
-            routed_experts=_new_routing(turns, prompt, completion)))
+            routed_experts=_new_routing(turns, prompt.ids, completion), images=prompt.images))
         return completion
 
     def close(self) -> None:
@@ -322,6 +328,14 @@ def differing_tokens(a: list[int], b: list[int]) -> int:
     matcher = difflib.SequenceMatcher(None, middle_a, middle_b, autojunk=False)
     same = sum(block.size for block in matcher.get_matching_blocks())
     return len(middle_a) + len(middle_b) - 2 * same
+
+
+def _appended(message: Message, text: str) -> Message:
+    """`message` with `text` after its content (a text part, when it has parts: images)."""
+    content = message["content"]
+    if isinstance(content, list):
+        return {**message, "content": [*content, {"type": "text", "text": text}]}
+    return {**message, "content": f"{content}{text}"}
 
 
 def _assistant(text: str) -> Message:

@@ -21,6 +21,7 @@ from typing import Any
 
 from skyrl_agent.agents.session import TokenBudgetSpent
 from skyrl_agent.inference.client import Completion, Sampling
+from skyrl_agent.types import PlacedImage
 
 TEACHER_LOGPROB = 0.0
 """log(1): the teacher chose every token with certainty."""
@@ -56,7 +57,8 @@ class Teacher:
         return tuple(int(i) for i in reply)
 
     async def complete(self, prompt_ids: Sequence[int], sampling: Sampling,
-                       session_id: str | None = None) -> Completion:
+                       session_id: str | None = None,
+                       images: tuple[PlacedImage, ...] = ()) -> Completion:
         if self._summaries and self._asks_for_summary(prompt_ids):
             ids = self._summaries[min(self.calls, len(self._summaries) - 1)]
             self.summaries += 1

@@ -22,6 +22,7 @@ from skyrl_agent.errors import RunStopped
 from skyrl_agent.inference.auth import endpoint_key, save_server_keys
 from skyrl_agent.inference.client import InferenceClient
 from skyrl_agent.inference.process import ServerProcess
+from skyrl_agent.inference.vision import ImageInputs
 
 log = logging.getLogger(__name__)
 SERVER_POLL_S = 0.25
@@ -56,11 +57,13 @@ def session_config(config: RunConfig, served_max_len: int | None) -> SessionConf
     return settings
 
 
-def session_factory(client: Any, tokenizer: Any, settings: SessionConfig) -> SessionFactory:
+def session_factory(client: Any, tokenizer: Any, settings: SessionConfig,
+                    images: ImageInputs | None = None) -> SessionFactory:
     """LLM sessions over `client` (an InferenceClient, or anything with its complete and
-    end_session calls)."""
+    end_session calls); `images` for a vision model."""
     def factory(agent: Agent, session_id: str) -> LLMSession:
-        return LLMSession(client, tokenizer, settings, tools=agent.tools, session_id=session_id)
+        return LLMSession(client, tokenizer, settings, tools=agent.tools, session_id=session_id,
+                          images=images)
     return factory
 
 
@@ -90,7 +93,9 @@ async def model_sessions(config: RunConfig, run_dir: Path) -> AsyncIterator[Mode
 
     from skyrl_agent.inference.models import resolve_model
 
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model(config.inference.model))
+    folder = resolve_model(config.inference.model)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    images = ImageInputs.for_model(folder)
     servers: list[ServerProcess] = []
     try:
         if config.inference.endpoint:
@@ -106,7 +111,8 @@ async def model_sessions(config: RunConfig, run_dir: Path) -> AsyncIterator[Mode
         async with InferenceClient(urls, api_keys=keys,
                                    routed_experts=config.trainer.routing_replay) as client:
             settings = session_config(config, await client.max_model_len())
-            yield ModelAccess(session_factory(client, tokenizer, settings), client, servers)
+            yield ModelAccess(session_factory(client, tokenizer, settings, images), client,
+                              servers)
     finally:
         for server in servers:
             await asyncio.to_thread(server.stop)

@@ -8,6 +8,10 @@ completion), so a turn stores only the prompt ids it adds: its full prompt is th
 `prompt_shared` ids of the previous turn's prompt + completion, then `prompt_ids`. Stored whole,
 a 50-turn episode would write its context 50 times over. Shards written before this have no
 `prompt_shared` (whole prompts) and read the same.
+
+Images (vision models) are stored once per trajectory, by content address, in `images`; a turn
+lists only the images its added prompt ids show (`images`: sha256, offset, length), the
+earlier ones being its history's. Shards without these columns read as image-free.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import pyarrow as pa
 from skyrl_agent.types import (
     FailureKind,
     FinishReason,
+    PlacedImage,
     Reward,
     RoutedExperts,
     Segment,
@@ -34,6 +39,11 @@ ROUTED_EXPERTS = pa.struct([
 ])
 """R3 routing of a turn: the header and the packed expert ids (see types.RoutedExperts)."""
 
+PLACED_IMAGE = pa.struct([("sha256", pa.string()), ("offset", pa.int32()),
+                          ("length", pa.int32())])
+"""Where a turn's prompt shows an image; its bytes are the trajectory's `images` entry."""
+IMAGE = pa.struct([("sha256", pa.string()), ("data", pa.binary())])
+
 TURN = pa.struct([
     ("prompt_ids", pa.list_(pa.int32())),
     ("prompt_shared", pa.int32()),
@@ -46,6 +56,7 @@ TURN = pa.struct([
     ("started_at", pa.float64()),
     ("latency_s", pa.float64()),
     ("routed_experts", ROUTED_EXPERTS),
+    ("images", pa.list_(PLACED_IMAGE)),
 ])
 NUMBERS = pa.list_(pa.struct([("name", pa.string()), ("value", pa.float64())]))
 """A mapping of names to numbers as a list of (name, value) entries: Arrow's own map type is
@@ -60,15 +71,16 @@ SCHEMA = pa.schema([
     ("model_time_s", pa.float64()), ("exec_time_s", pa.float64()),
     ("handover_time_s", pa.float64()), ("stop_time_s", pa.float64()),
     ("framework_time_s", pa.float64()), ("total_time_s", pa.float64()),
-    ("metrics", NUMBERS), ("segments", pa.list_(SEGMENT)),
+    ("metrics", NUMBERS), ("segments", pa.list_(SEGMENT)), ("images", pa.list_(IMAGE)),
 ])
 """The time account (Trajectory.time_account) is one float column per bucket; framework_time_s
 is derived, written for readers of the files, not read back. Shards written before these
 columns existed read as zeros."""
 TIME_COLUMNS = ("model_time_s", "exec_time_s", "handover_time_s", "stop_time_s",
                 "total_time_s")
-DERIVED_COLUMNS = ("framework_time_s",)
-"""Columns computed from the others on write (no Trajectory field of their own)."""
+DERIVED_COLUMNS = ("framework_time_s", "images")
+"""Columns computed from the others on write (no Trajectory field of their own); `images` holds
+the bytes of the turns' images, each once."""
 
 
 def _numbers(values: Mapping[str, float]) -> list[dict[str, Any]]:
@@ -84,15 +96,19 @@ def _mapping(entries: list[dict[str, Any]] | str) -> dict[str, float]:
 def _turn_rows(turns: tuple[Turn, ...]) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     history: tuple[int, ...] = ()
+    seen: tuple[PlacedImage, ...] = ()
     for turn in turns:
-        shared = len(history) if turn.prompt_ids[: len(history)] == history else 0
-        rows.append(_turn_row(turn, shared))
-        history = turn.prompt_ids + turn.completion_ids
+        shared = len(history) if turn.prompt_ids[: len(history)] == history \
+            and turn.images[: len(seen)] == seen else 0
+        rows.append(_turn_row(turn, shared, len(seen) if shared else 0))
+        history, seen = turn.prompt_ids + turn.completion_ids, turn.images
     return rows
 
 
-def _turn_row(turn: Turn, shared: int) -> dict[str, Any]:
+def _turn_row(turn: Turn, shared: int, shared_images: int) -> dict[str, Any]:
     return {
+        "images": [{"sha256": image.sha256, "offset": image.offset, "length": image.length}
+                   for image in turn.images[shared_images:]],
         "prompt_ids": list(turn.prompt_ids[shared:]), "prompt_shared": shared,
         "completion_ids": list(turn.completion_ids),
         "completion_logprobs": list(turn.completion_logprobs), "loss_mask": list(turn.loss_mask),
@@ -120,25 +136,44 @@ def to_row(t: Trajectory) -> dict[str, Any]:
         "stop_time_s": t.stop_time_s, "framework_time_s": t.framework_time_s,
         "total_time_s": t.total_time_s, "metrics": _numbers(t.metrics),
         "segments": [{"turns": _turn_rows(s.turns),
-                      "summary_turn_index": s.summary_turn_index} for s in t.segments]}
+                      "summary_turn_index": s.summary_turn_index} for s in t.segments],
+        "images": [{"sha256": sha, "data": data} for sha, data in _image_bytes(t).items()]}
 
 
-def _turns(rows: list[dict[str, Any]]) -> tuple[Turn, ...]:
+def _image_bytes(t: Trajectory) -> dict[str, bytes]:
+    """Each distinct image of the trajectory once, by content address."""
+    return {image.sha256: image.data for segment in t.segments for turn in segment.turns
+            for image in turn.images}
+
+
+def _turns(rows: list[dict[str, Any]], pictures: Mapping[str, bytes]) -> tuple[Turn, ...]:
     turns: list[Turn] = []
     history: tuple[int, ...] = ()
+    seen: tuple[PlacedImage, ...] = ()
     for row in rows:
         shared = row.get("prompt_shared") or 0
         if not 0 <= shared <= len(history):
             raise ValueError(f"a turn shares {shared} ids with a history of {len(history)}")
-        turns.append(_turn(row, history[:shared]))
-        history = turns[-1].prompt_ids + turns[-1].completion_ids
+        earlier = tuple(image for image in seen if image.end <= shared)
+        turns.append(_turn(row, history[:shared], earlier + _placed(row, pictures)))
+        history, seen = turns[-1].prompt_ids + turns[-1].completion_ids, turns[-1].images
     return tuple(turns)
 
 
-def _turn(row: dict[str, Any], shared: tuple[int, ...]) -> Turn:
+def _placed(row: dict[str, Any], pictures: Mapping[str, bytes]) -> tuple[PlacedImage, ...]:
+    placed = []
+    for entry in row.get("images") or ():
+        if entry["sha256"] not in pictures:
+            raise ValueError(f"a turn shows image {entry['sha256'][:12]} the row does not hold")
+        placed.append(PlacedImage(pictures[entry["sha256"]], entry["offset"], entry["length"]))
+    return tuple(placed)
+
+
+def _turn(row: dict[str, Any], shared: tuple[int, ...],
+          images: tuple[PlacedImage, ...]) -> Turn:
     versions = row["token_policy_versions"]
     experts = row["routed_experts"]
-    return Turn(
+    return Turn(images=images,
         prompt_ids=shared + tuple(row["prompt_ids"]),
         completion_ids=tuple(row["completion_ids"]),
         completion_logprobs=tuple(row["completion_logprobs"]),
@@ -159,7 +194,8 @@ def _routed_experts(value: Any) -> RoutedExperts | None:
 def from_row(row: dict[str, Any]) -> Trajectory:
     reward = Reward(value=row["reward"], components=_mapping(row["reward_components"]),
                     reason=row["reward_reason"], verify_time_s=row["verify_time_s"])
-    segments = tuple(Segment(_turns(s["turns"]), s["summary_turn_index"])
+    pictures = {entry["sha256"]: entry["data"] for entry in row.get("images") or ()}
+    segments = tuple(Segment(_turns(s["turns"], pictures), s["summary_turn_index"])
                      for s in row["segments"])
     return Trajectory(
         task_id=row["task_id"], sample_index=row["sample_index"], agent=row["agent"],

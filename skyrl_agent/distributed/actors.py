@@ -21,8 +21,9 @@ from skyrl_agent.config import RunConfig
 from skyrl_agent.data.store import StoreContents, TrajectoryStore
 from skyrl_agent.inference.client import Completion, InferenceClient, Sampling
 from skyrl_agent.inference.process import ServerProcess, embedded_server
+from skyrl_agent.inference.vision import ImageInputs
 from skyrl_agent.tasks.model import TaskSpec
-from skyrl_agent.types import ChangedWeights, Trajectory, TrajectoryGroup
+from skyrl_agent.types import ChangedWeights, PlacedImage, Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:  # only the trainer actor's process needs torch
     from skyrl_agent.trainers.backend import (
@@ -68,8 +69,9 @@ class RouterActor:
         self.client = InferenceClient(urls, api_keys=keys, routed_experts=routed_experts)
 
     async def complete(self, prompt_ids: Sequence[int], sampling: Sampling,
-                       session_id: str | None = None) -> Completion:
-        return await self.client.complete(prompt_ids, sampling, session_id)
+                       session_id: str | None = None,
+                       images: tuple[PlacedImage, ...] = ()) -> Completion:
+        return await self.client.complete(prompt_ids, sampling, session_id, images)
 
     async def end_session(self, session_id: str) -> None:
         self.client.end_session(session_id)
@@ -139,9 +141,10 @@ class RouterClient:
         self.actor = actor
 
     async def complete(self, prompt_ids: Sequence[int], sampling: Sampling,
-                       session_id: str | None = None) -> Completion:
+                       session_id: str | None = None,
+                       images: tuple[PlacedImage, ...] = ()) -> Completion:
         completion: Completion = await self.actor.complete.remote(
-            list(prompt_ids), sampling, session_id)
+            list(prompt_ids), sampling, session_id, images)
         return completion
 
     def end_session(self, session_id: str) -> None:
@@ -157,10 +160,12 @@ class CollectorActor:
 
         from skyrl_agent.inference.models import resolve_model
 
-        tokenizer = AutoTokenizer.from_pretrained(resolve_model(config.inference.model))
+        folder = resolve_model(config.inference.model)
+        tokenizer = AutoTokenizer.from_pretrained(folder)
         self.collector = Collector(
             config, agent_cls, StoreClient(store, run_dir),
-            session_factory(RouterClient(router), tokenizer, settings))
+            session_factory(RouterClient(router), tokenizer, settings,
+                            ImageInputs.for_model(folder)))
 
     async def run_group(self, task: TaskSpec, indices: list[int]) -> TrajectoryGroup:
         return await self.collector.run_group(task, indices)

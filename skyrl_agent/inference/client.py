@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from typing import Any, Protocol
 import aiohttp
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from skyrl_agent.types import ChangedWeights, RoutedExperts
+from skyrl_agent.types import ChangedWeights, PlacedImage, RoutedExperts
 
 
 class InferenceError(Exception):
@@ -82,13 +83,32 @@ class Completion:
         return min(self.token_policy_versions, default=0)
 
 
+def prompt_chunks(prompt: Sequence[int],
+                  images: tuple[PlacedImage, ...]) -> list[dict[str, Any]]:
+    """A prompt with images as the server's token and image chunks: each image's span of
+    image tokens is sent as the image itself (base64), with the span's length for the server
+    to check against its own processor."""
+    chunks: list[dict[str, Any]] = []
+    at = 0
+    for image in images:
+        if image.offset > at:
+            chunks.append({"type": "encoded_text", "tokens": list(prompt[at : image.offset])})
+        chunks.append({"type": "image", "data": base64.b64encode(image.data).decode(),
+                       "expected_tokens": image.length})
+        at = image.end
+    if at < len(prompt):
+        chunks.append({"type": "encoded_text", "tokens": list(prompt[at:])})
+    return chunks
+
+
 class CompletionClient(Protocol):
     """What an LLM session needs from a model: token-exact completions of token-id prompts.
     InferenceClient is the one over HTTP servers; a scripted teacher (demonstrations) is
     another."""
 
     async def complete(self, prompt_ids: Sequence[int], sampling: Sampling,
-                       session_id: str | None = None) -> Completion: ...
+                       session_id: str | None = None,
+                       images: tuple[PlacedImage, ...] = ()) -> Completion: ...
 
     def end_session(self, session_id: str) -> None: ...
 
@@ -169,8 +189,10 @@ class InferenceClient:
     # ---- generation -----------------------------------------------------------------------
 
     async def complete(self, prompt_ids: Sequence[int], sampling: Sampling,
-                       session_id: str | None = None) -> Completion:
-        """Sample one completion of `prompt_ids` (token ids in, ids + logprobs out)."""
+                       session_id: str | None = None,
+                       images: tuple[PlacedImage, ...] = ()) -> Completion:
+        """Sample one completion of `prompt_ids` (token ids in, ids + logprobs out); a vision
+        model's prompt carries `images` over their spans of image tokens."""
         server = self.route(session_id)
         started = time.monotonic()
         ids: list[int] = []
@@ -182,7 +204,7 @@ class InferenceClient:
             while True:
                 budget = sampling.max_tokens - len(ids)
                 choice, cached = await self._complete_once(
-                    server, [*prompt_ids, *ids], sampling, budget, session_id)
+                    server, [*prompt_ids, *ids], sampling, budget, session_id, images)
                 new_ids = choice["token_ids"]
                 ids += new_ids
                 texts.append(choice.get("text") or "")
@@ -203,10 +225,13 @@ class InferenceClient:
                           None if routing is None else RoutedExperts.from_json(routing))
 
     async def _complete_once(self, server: _Server, prompt: list[int], sampling: Sampling,
-                             max_tokens: int, session_id: str | None) -> tuple[dict, int]:
+                             max_tokens: int, session_id: str | None,
+                             images: tuple[PlacedImage, ...] = ()) -> tuple[dict, int]:
         body: dict[str, Any] = {
-            "prompt": prompt, "max_tokens": max_tokens, "temperature": sampling.temperature,
-            "top_p": sampling.top_p, "logprobs": 0, "return_token_ids": True}
+            "max_tokens": max_tokens, "temperature": sampling.temperature,
+            "top_p": sampling.top_p, "logprobs": 0, "return_token_ids": True,
+            **({"prompt_chunks": prompt_chunks(prompt, images)} if images
+               else {"prompt": prompt})}
         if self.model:
             body["model"] = self.model
         if sampling.top_k:

@@ -26,6 +26,22 @@ MAX_IMAGE_PIXELS = 4096 * 4096
 IMAGE_FORMATS = {"PNG": "png", "JPEG": "jpeg"}
 
 
+NEVER = -1e9
+"""The logit that makes a token's probability exactly 0 in float32, yet keeps a (weight-0)
+logprob of it finite."""
+
+
+def unsampled_image_token(logits: Any, images: ImageInputs | None) -> Any:
+    """`logits` (…, vocab) with a vision model's image token made impossible: it stands for an
+    image, so a sampled one would be an image span without an image. The sampler and the
+    trainer both apply this, so their distributions (and logprobs) stay the same."""
+    if images is None:
+        return logits
+    logits = logits.clone()
+    logits[..., images.token_id] = NEVER
+    return logits
+
+
 class ImageError(ValueError):
     """An image that is not one we read (format, size, or placement): a client error."""
 

@@ -60,7 +60,7 @@ def pack_turns(turns: Sequence[Turn], advantage: float) -> Datum | None:
         return None
     # Position i of a datum describes sequence[i + 1], the token predicted from the first i + 1.
     return Datum(model_input=sequence[:-1], routed_experts=routing_of(turns, length - 1),
-                 loss_fn_inputs={
+                 images=last.images, loss_fn_inputs={
         "target_tokens": tuple(float(t) for t in sequence[1:]),
         "weights": tuple(weights[1:]),
         "logprobs": tuple(logprobs[1:]),

@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 
 from skyrl_agent.atomic import atomic_folder
 from skyrl_agent.inference.routers import ReplayCount, find_routers, replayed_routing
-from skyrl_agent.inference.vision import ImageInputs
+from skyrl_agent.inference.vision import ImageInputs, unsampled_image_token
 from skyrl_agent.inference.weight_files import new_weights_path, remove_orphans
 from skyrl_agent.trainers.algorithms import entropy_BT, token_weights
 from skyrl_agent.trainers.backend import (
@@ -284,6 +284,7 @@ class TorchBackend:
             logits_BTV = model(input_ids=input_ids.to(self.device),
                                attention_mask=attention.to(self.device),
                                **pixel_inputs(self.images, data, self.device)).logits.float()
+        logits_BTV = unsampled_image_token(logits_BTV, self.images)
         # gather - logsumexp: no full log_softmax copy of the [B, T, vocab] logits.
         picked_BT = logits_BTV.gather(-1, targets_BT.unsqueeze(-1)).squeeze(-1)
         return picked_BT - logits_BTV.logsumexp(-1), logits_BTV

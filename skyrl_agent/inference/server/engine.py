@@ -36,7 +36,7 @@ from skyrl_agent.inference.server.prefix_cache import PrefixCache, image_cache_k
 from skyrl_agent.inference.server.sampling import Choice, SamplingParams, choose, make_generator
 from skyrl_agent.inference.server.weight_swap import DoubleBufferedWeights
 from skyrl_agent.inference.server.weights import WeightLoader
-from skyrl_agent.inference.vision import ImageInputs, text_config
+from skyrl_agent.inference.vision import ImageInputs, text_config, unsampled_image_token
 from skyrl_agent.types import ChangedWeights, PlacedImage
 
 log = logging.getLogger(__name__)
@@ -301,7 +301,7 @@ class Engine:
             self._batch.add_prefill(out.cache, count, max_length)
         self.kv.note(self._batch, beside_tokens=len(prompt))  # the prefill's own KV
         self._rows.extend(rows)
-        logits = out.logits[:, -1].expand(count, -1)
+        logits = unsampled_image_token(out.logits[:, -1], self.images).expand(count, -1)
         self._append(rows, choose(logits, [request.params] * count,
                                   [r.generator for r in rows]))
 
@@ -328,7 +328,8 @@ class Engine:
             chosen = self._tap.take()  # one row per running row: each decoded one token
             for i, row in enumerate(rows):
                 row.routing.append(chosen[i : i + 1])
-        self._append(rows, choose(out.logits[:, -1], [r.request.params for r in rows],
+        logits = unsampled_image_token(out.logits[:, -1], self.images)
+        self._append(rows, choose(logits, [r.request.params for r in rows],
                                   [r.generator for r in rows]))
 
     def _append(self, rows: list[_Row], choices: list[Choice]) -> None:
