@@ -7,7 +7,7 @@ No tools, no terminal: the model's only action is its reply.
 
 from __future__ import annotations
 
-from skyrl_agent.agents.base import ModelAgent
+from skyrl_agent.agents.base import ModelAgent, task_content
 from skyrl_agent.agents.session import LLMSession
 from skyrl_agent.envs.env import Env
 from skyrl_agent.types import FinishReason
@@ -21,7 +21,8 @@ class AnswerAgent(ModelAgent):
     name = "answer"
 
     async def act(self, env: Env, llm: LLMSession) -> FinishReason:
-        reply = await llm.chat([{"role": "user", "content": env.instruction.strip()}])
+        reply = await llm.chat([{"role": "user",
+                                 "content": task_content(env, llm, "{instruction}")}])
         await env.write_file(ANSWER_FILE, reply.text)
         self.count("answer_chars", len(reply.text))
         return FinishReason.STOP

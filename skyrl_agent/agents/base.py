@@ -40,6 +40,14 @@ class Agent(ABC):
     """False for agents that never call the model (oracle, nop): no server is started for them."""
     tools: ClassVar[list[dict[str, Any]] | None] = None
     """Tool schemas (OpenAI function format) passed to the chat template, if the agent has any."""
+    vision_tools: ClassVar[list[dict[str, Any]]] = []
+    """Further tools offered only when the model sees images (e.g. looking at an image file)."""
+
+    def tools_for(self, sees_images: bool) -> list[dict[str, Any]] | None:
+        """The tools the chat template gets, for a model that sees images or not."""
+        if sees_images and self.vision_tools:
+            return [*(self.tools or []), *self.vision_tools]
+        return self.tools
 
     def __init__(self, max_turns: int = 50) -> None:
         self.max_turns = max_turns
@@ -64,6 +72,26 @@ class Agent(ABC):
 
 
 log = logging.getLogger(__name__)
+_INSTRUCTION = "\x00instruction\x00"
+
+
+def task_content(env: Env, llm: LLMSession, template: str,
+                 **fields: str) -> str | list[dict[str, Any]]:
+    """The content of the message that gives the task: `template` formatted with the
+    instruction and `fields`. For a model that sees images, the images the instruction links
+    are shown where the links are (content parts); otherwise, and when there are none, it is
+    the plain text."""
+    parts = env.instruction_parts() if llm.sees_images else [env.instruction.strip()]
+    if all(isinstance(part, str) for part in parts):
+        return template.format(instruction=env.instruction.strip(), **fields)
+    before, after = template.format(instruction=_INSTRUCTION, **fields).split(_INSTRUCTION)
+    content: list[dict[str, Any]] = []
+    for part in [before, *parts, after]:
+        if isinstance(part, bytes):
+            content.append({"type": "image", "data": part})
+        elif part:
+            content.append({"type": "text", "text": part})
+    return content
 
 
 async def run_agent(agent: Agent, env: Env, llm: LLMSession | None,

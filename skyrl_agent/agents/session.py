@@ -133,6 +133,11 @@ class LLMSession:
         return Reply(completion.text, self._current.turns[-1].finish_reason)
 
     @property
+    def sees_images(self) -> bool:
+        """Whether the model is a vision model (messages may show it images)."""
+        return self.renderer.images is not None
+
+    @property
     def segments(self) -> tuple[Segment, ...]:
         return tuple(Segment(tuple(s.turns), s.summary_turn_index) for s in self._segments
                      if s.turns)

@@ -62,8 +62,8 @@ def session_factory(client: Any, tokenizer: Any, settings: SessionConfig,
     """LLM sessions over `client` (an InferenceClient, or anything with its complete and
     end_session calls); `images` for a vision model."""
     def factory(agent: Agent, session_id: str) -> LLMSession:
-        return LLMSession(client, tokenizer, settings, tools=agent.tools, session_id=session_id,
-                          images=images)
+        return LLMSession(client, tokenizer, settings, tools=agent.tools_for(images is not None),
+                          session_id=session_id, images=images)
     return factory
 
 

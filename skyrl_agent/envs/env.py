@@ -13,8 +13,9 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from skyrl_agent.envs.terminal import TmuxTerminal
+from skyrl_agent.inference.vision import MAX_IMAGE_BYTES, decode_image
 from skyrl_agent.sandboxes.base import ExecResult, Sandbox, SandboxError
-from skyrl_agent.tasks.model import TaskSpec
+from skyrl_agent.tasks.model import IMAGE_LINK, TaskSpec
 
 _INLINE_WRITE_LIMIT = 64 * 1024  # larger files go through upload (tar) instead of the command line
 
@@ -46,6 +47,31 @@ class Env:
     @property
     def instruction(self) -> str:
         return self.task.instruction
+
+    def instruction_parts(self) -> list[str | bytes]:
+        """The instruction as text pieces and the images it links (bytes), in order: each
+        `![text](picture.png)` the task ships becomes that picture."""
+        shipped = dict(self.task.instruction_images)
+        parts: list[str | bytes] = []
+        at = 0
+        text = self.task.instruction.strip()
+        for link in IMAGE_LINK.finditer(text):
+            if link.group(1) in shipped:
+                parts += [text[at : link.start()], shipped[link.group(1)]]
+                at = link.end()
+        parts.append(text[at:])
+        return [part for part in parts if part != ""]
+
+    async def read_image(self, path: str) -> bytes:
+        """A PNG or JPEG file of the sandbox, checked before any model sees it (ImageError:
+        not an image we read; FileNotFoundError: missing or not a regular file)."""
+        with self._timed():
+            data = await self.sandbox.read_file(posixpath.join(self.workdir, path),
+                                                limit=MAX_IMAGE_BYTES)
+        if data is None:
+            raise FileNotFoundError(path)
+        decode_image(data)
+        return data
 
     @property
     def workdir(self) -> str:

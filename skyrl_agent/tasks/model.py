@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +48,9 @@ class TaskSpec:
     grader: LogGrader | None = None
     """When set, the reward comes from grading test.sh's output on the host, and reward files
     are ignored."""
+    instruction_images: tuple[tuple[str, bytes], ...] = ()
+    """The images instruction.md shows (`![text](picture.png)`, a path inside the task
+    directory), by the link's path: a vision model sees them where the links are."""
 
     @property
     def environment_dir(self) -> Path:
@@ -86,6 +90,34 @@ def _validation_line(exc: ValidationError) -> str:
     return f"{where}: {err['msg']}" if where else err["msg"]
 
 
+IMAGE_LINK = re.compile(r"!\[[^\]\n]*\]\(([^)\s]+)\)")
+"""A Markdown image: `![alt text](path)`."""
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+MAX_INSTRUCTION_IMAGE_BYTES = 8 << 20
+
+
+def linked_images(task_dir: Path, instruction: str) -> tuple[tuple[str, bytes], ...]:
+    """The bytes of each image the instruction links, by link path. Remote links are left as
+    text; a local one must be a PNG/JPEG regular file inside the task directory."""
+    images: dict[str, bytes] = {}
+    for link in IMAGE_LINK.findall(instruction):
+        if "://" in link or link in images:
+            continue
+        path = task_dir / link
+        if path.suffix.lower() not in IMAGE_SUFFIXES:
+            raise TaskError(f"instruction image {link} in {task_dir}: only .png and .jpg are "
+                            "shown to a model")
+        if path.is_symlink() or not path.is_file() \
+                or not path.resolve().is_relative_to(task_dir):
+            raise TaskError(f"instruction image {link} in {task_dir} is not a file inside the "
+                            "task directory")
+        if path.stat().st_size > MAX_INSTRUCTION_IMAGE_BYTES:
+            raise TaskError(f"instruction image {link} in {task_dir} is larger than "
+                            f"{MAX_INSTRUCTION_IMAGE_BYTES} bytes")
+        images[link] = path.read_bytes()
+    return tuple(images.items())
+
+
 def load_task(path: Path | str) -> TaskSpec:
     """Parse a task directory; any defect becomes a TaskError naming the file and the problem."""
     task_dir = Path(path).resolve()
@@ -104,7 +136,8 @@ def load_task(path: Path | str) -> TaskSpec:
     if task.has_steps:
         raise TaskError(f"multi-step tasks are not supported yet: {task_dir}")
     spec = TaskSpec(name=task.name, task_dir=task_dir, instruction=task.instruction,
-                    config=task.config)
+                    config=task.config,
+                    instruction_images=linked_images(task_dir, task.instruction))
     if not spec.dockerfile.is_file() and not task.config.environment.docker_image:
         raise TaskError(f"task {task_dir} has neither environment/Dockerfile nor a docker_image")
     return spec

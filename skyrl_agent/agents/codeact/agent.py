@@ -7,13 +7,16 @@ import shlex
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from skyrl_agent.agents.base import ModelAgent, clip
+from skyrl_agent.agents.base import ModelAgent, clip, task_content
 from skyrl_agent.agents.codeact import prompts
 from skyrl_agent.agents.codeact.editor import FileEditor
 from skyrl_agent.agents.codeact.parsing import NoToolCall, ToolCall, parse_tool_calls
-from skyrl_agent.agents.codeact.tools import TOOLS
+from skyrl_agent.agents.codeact.tools import TOOLS, VISION_TOOLS
+from skyrl_agent.agents.rendering import Message, image_part
 from skyrl_agent.agents.session import LLMSession
 from skyrl_agent.envs.env import Env
+from skyrl_agent.inference.vision import ImageError
+from skyrl_agent.sandboxes.artifacts import ArtifactLimitExceeded
 from skyrl_agent.types import FinishReason
 
 if TYPE_CHECKING:
@@ -27,6 +30,7 @@ class CodeActAgent(ModelAgent):
 
     name = "openhands"
     tools = TOOLS
+    vision_tools = VISION_TOOLS
 
     def __init__(self, max_turns: int = 50, command_timeout_s: float = 120.0,
                  max_output_chars: int = 10000) -> None:
@@ -59,9 +63,10 @@ class CodeActAgent(ModelAgent):
     async def act(self, env: Env, llm: LLMSession) -> FinishReason:
         self.cwd = env.workdir
         editor = FileEditor(env)
-        messages = [{"role": "system", "content": prompts.SYSTEM},
-                    {"role": "user", "content": prompts.TASK.format(
-                        instruction=env.instruction.strip(), workdir=env.workdir)}]
+        messages: list[Message] = [
+            {"role": "system", "content": prompts.system(llm.sees_images)},
+            {"role": "user", "content": task_content(env, llm, prompts.TASK,
+                                                     workdir=env.workdir)}]
         for _ in range(self.max_turns):
             reply = await llm.chat(messages)
             try:
@@ -73,11 +78,17 @@ class CodeActAgent(ModelAgent):
             call = calls[0]
             if call.name == "finish":
                 return FinishReason.STOP
-            output = await self._execute(env, editor, call)
+            image: bytes | None = None
+            if call.name == "view_image" and llm.sees_images:
+                output, image = await self._view_image(env, call.arguments)
+            else:
+                output = await self._execute(env, editor, call)
             if len(calls) > 1:
                 output += "\n" + prompts.EXTRA_CALLS.format(count=len(calls) - 1)
-            messages = [{"role": "user", "content": prompts.RESULT.format(
-                tool=call.name, output=clip(output, self.max_output_chars))}]
+            result = prompts.RESULT.format(tool=call.name,
+                                           output=clip(output, self.max_output_chars))
+            messages = [{"role": "user", "content": result if image is None else [
+                {"type": "text", "text": result + "\n"}, image_part(image)]}]
         return FinishReason.MAX_TURNS
 
     async def _execute(self, env: Env, editor: FileEditor, call: ToolCall) -> str:
@@ -91,6 +102,20 @@ class CodeActAgent(ModelAgent):
         self.count("unknown_tools")
         return (f"ERROR: there is no tool named {call.name!r}; use execute_bash, "
                 "str_replace_editor, think or finish.")
+
+    async def _view_image(self, env: Env, arguments: dict) -> tuple[str, bytes | None]:
+        """The image file at `path`, shown with the result; a clear error for anything that
+        is not a readable PNG or JPEG (the agent may point it at anything)."""
+        self.count("calls_view_image")
+        path = arguments.get("path")
+        if not isinstance(path, str) or not path.strip():
+            return "ERROR: view_image needs a `path`.", None
+        try:
+            return f"The image {path}:", await env.read_image(path.strip())
+        except FileNotFoundError:
+            return f"ERROR: {path} is not a file.", None
+        except (ImageError, ArtifactLimitExceeded) as exc:
+            return f"ERROR: {path} cannot be shown: {exc}", None
 
     async def _bash(self, env: Env, arguments: dict) -> str:
         command = arguments.get("command")

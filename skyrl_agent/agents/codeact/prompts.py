@@ -14,10 +14,19 @@ Tools:
 - str_replace_editor(command, path, ...): `view` a file or folder; `create` a file with
   `file_text`; `str_replace` an exact unique `old_str` with `new_str`; `insert` `new_str` after
   line `insert_line`; `undo_edit` the last edit of a file.
-- think(thought): note reasoning; changes nothing.
+- think(thought): note reasoning; changes nothing.{vision_tools}
 - finish(message): the task is done; your work is then graded.
 
 Check your work (run it, test it) before you call finish."""
+
+VIEW_IMAGE_LINE = """
+- view_image(path): look at a PNG or JPEG file (a plot, a screenshot, a rendered page)."""
+
+
+def system(sees_images: bool) -> str:
+    """The system prompt; view_image is offered to a model that sees images."""
+    return SYSTEM.format(vision_tools=VIEW_IMAGE_LINE if sees_images else "")
+
 
 TASK = """{instruction}
 

@@ -45,4 +45,11 @@ FINISH = _function(
     "finish", "Declare the task done; your work is then graded.",
     {"message": {"type": "string", "description": "A short summary of what you did."}}, [])
 
+VIEW_IMAGE = _function(
+    "view_image", "Look at an image file (PNG or JPEG): it is shown to you with the result.",
+    {"path": {"type": "string", "description": "Absolute path, or relative to the workdir."}},
+    ["path"])
+
 TOOLS = [EXECUTE_BASH, STR_REPLACE_EDITOR, THINK, FINISH]
+VISION_TOOLS = [VIEW_IMAGE]
+"""Offered only to a model that sees images."""

@@ -6,7 +6,8 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from skyrl_agent.agents.base import ModelAgent, clip
+from skyrl_agent.agents.base import ModelAgent, clip, task_content
+from skyrl_agent.agents.rendering import Message
 from skyrl_agent.agents.session import LLMSession
 from skyrl_agent.agents.terminus import prompts
 from skyrl_agent.agents.terminus.parsing import MalformedReply, TerminusReply, parse_reply
@@ -62,9 +63,10 @@ class TerminusAgent(ModelAgent):
 
     async def act(self, env: Env, llm: LLMSession) -> FinishReason:
         screen = await self._screen(env)
-        messages = [{"role": "system", "content": prompts.SYSTEM},
-                    {"role": "user", "content": prompts.TASK.format(
-                        instruction=env.instruction.strip(), screen=screen)}]
+        messages: list[Message] = [
+            {"role": "system", "content": prompts.SYSTEM},
+            {"role": "user", "content": task_content(env, llm, prompts.TASK,
+                                                     screen=screen)}]
         asked_to_confirm = False
         for _ in range(self.max_turns):
             reply = await llm.chat(messages)

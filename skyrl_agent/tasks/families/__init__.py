@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from skyrl_agent.errors import TaskError
-from skyrl_agent.tasks.families import archive, git, python_bug, text, trail
+from skyrl_agent.tasks.families import archive, git, picture, python_bug, text, trail
 from skyrl_agent.tasks.families.base import (
     HELDOUT_SEEDS,
     SPLITS,
@@ -19,7 +19,8 @@ from skyrl_agent.tasks.families.base import (
     task_name,
 )
 
-FAMILIES: dict[str, Family] = {f.name: f for module in (text, archive, python_bug, git, trail)
+FAMILIES: dict[str, Family] = {f.name: f for module in (text, archive, python_bug, git, trail,
+                                                        picture)
                                for f in module.FAMILIES}
 """Every built-in family by name."""
 

@@ -69,6 +69,8 @@ class Blueprint:
     steps: tuple[Step, ...] = ()
     """A walkthrough for long-horizon tasks, where each turn depends on what the last one
     showed (empty: `solution` is typed in one turn)."""
+    pictures: Mapping[str, bytes] = field(default_factory=dict)
+    """Images beside instruction.md that the instruction shows (`![text](NAME)`)."""
 
 
 Builder = Callable[[random.Random, int], Blueprint]
@@ -145,6 +147,7 @@ class GeneratedTask:
                 "solution/solve.sh": self._solve_sh().encode()}
         tree.update({f"environment/files/{path}": data for path, data in bp.files.items()})
         tree.update({f"tests/{path}": data for path, data in bp.test_files.items()})
+        tree.update(bp.pictures)
         return tree
 
     def digest(self) -> str:

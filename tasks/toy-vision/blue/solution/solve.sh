@@ -1,0 +1,2 @@
+#!/bin/bash
+printf bbbbbbbb > /app/answer.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+printf rrrrrrrr > /app/answer.txt
