@@ -20,7 +20,9 @@ Which recipes of tinker-cookbook 0.6.1 run against the server, and why the other
   Tinker-internal loss over the sampler's recorded stability data; not implemented (refused).
 - `distillation/sdft.py` and off-policy distillation: use `topk_prompt_logprobs`, which the
   server has (tested in test_tinker.py); not run (hub data sets, a teacher model).
-- `vlm_classifier`, `audio`: image and audio inputs; refused (text chunks only).
+- `vlm_classifier`: image chunks are served for vision models (tests/test_tinker_vision.py
+  drives them through the SDK), but its image data sets and VLM come from the hub; not run.
+- `audio`: audio chunks; refused (text and image chunks only).
 - `code_rl`, `harbor_rl`, `search_tool`, `verifiers_rl`: need code sandboxes, a search index or
   outside services; not run.
 - The rest (`preference` (DPO through forward_backward_custom, which the server supports),

@@ -82,10 +82,11 @@ class BaseModels:
                 raise ConfigError(f"--model {name!r} given twice")
             folder = resolve_model(source)
             config = json.loads((folder / "config.json").read_text())
+            text = config.get("text_config", config)  # a vision model nests its language model's
             self.models[name] = BaseInfo(
                 name, folder, bool(config.get("tie_word_embeddings", False)),
-                str(config.get("model_type", "unknown")), config.get("max_position_embeddings"),
-                int(config["vocab_size"]))
+                str(config.get("model_type", "unknown")), text.get("max_position_embeddings"),
+                int(text["vocab_size"]))
 
     def max_context(self) -> int:
         """The longest context among the base models."""

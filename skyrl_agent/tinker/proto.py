@@ -17,8 +17,10 @@ import numpy as np
 
 from skyrl_agent.errors import ConfigError
 from skyrl_agent.tinker.errors import TinkerUserError
+from skyrl_agent.tinker.images import IMAGE_SLOT
 from skyrl_agent.trainers.backend import DATUM_ARRAYS, Datum
 from skyrl_agent.trainers.loss import LOSS_FNS
+from skyrl_agent.types import PlacedImage
 
 
 def public_pb() -> Any:
@@ -69,10 +71,16 @@ def decode_forward_backward(body: bytes, zstd: bool = False,
 
 def _datum(pb: Any, message: Any, index: int, loss_fn: str) -> Datum:
     tokens: list[int] = []
+    images: list[PlacedImage] = []
     for chunk in message.model_input:
-        if chunk.WhichOneof("chunk") != "encoded_text":
-            raise TinkerUserError(f"datum {index}: only text chunks are supported, not "
-                                  f"{chunk.WhichOneof('chunk')}")
+        kind = chunk.WhichOneof("chunk")
+        if kind == "image":
+            images.append(_image(chunk.image, len(tokens), index))
+            tokens.extend([IMAGE_SLOT] * images[-1].length)
+            continue
+        if kind != "encoded_text":
+            raise TinkerUserError(f"datum {index}: only text and image chunks are supported, "
+                                  f"not {kind}")
         tokens.extend(np.frombuffer(chunk.encoded_text.tokens, dtype=np.int32).tolist())
     arrays = {name: _tensor(pb, tensor, f"datum {index}: {name}")
               for name, tensor in message.loss_fn_inputs.items()}
@@ -90,9 +98,18 @@ def _datum(pb: Any, message: Any, index: int, loss_fn: str) -> Datum:
     if "weights" not in arrays:
         arrays["weights"] = _default_weights(loss_fn, arrays, ratio_mask, len(tokens))
     try:
-        return Datum(tuple(tokens), arrays)
+        return Datum(tuple(tokens), arrays, images=tuple(images))
     except ValueError as exc:
         raise TinkerUserError(f"datum {index}: {exc}") from None
+
+
+def _image(message: Any, offset: int, index: int) -> PlacedImage:
+    """An image chunk of a datum: its positions are part of the datum's arrays, so it must say
+    how many it takes."""
+    if not message.HasField("expected_tokens") or message.expected_tokens < 1:
+        raise TinkerUserError(f"datum {index}: an image chunk needs expected_tokens (the "
+                              "datum's arrays cover its positions)")
+    return PlacedImage(bytes(message.data), offset, message.expected_tokens)
 
 
 def _default_weights(loss_fn: str, arrays: Mapping[str, tuple[float, ...]],

@@ -34,6 +34,7 @@ from skyrl_agent.tinker.config import BaseInfo
 from skyrl_agent.tinker.errors import TinkerUserError
 from skyrl_agent.tinker.proto import SampledSequence
 from skyrl_agent.trainers.backend import Datum
+from skyrl_agent.types import PlacedImage
 
 log = logging.getLogger(__name__)
 
@@ -128,10 +129,10 @@ class Sampler:
         self._version = 0
 
     async def sample(self, weights: Path | None, prompt: list[int], sampling: Sampling, n: int,
-                     prompt_logprobs: bool, topk: int = 0,
+                     prompt_logprobs: bool, topk: int = 0, images: tuple[PlacedImage, ...] = (),
                      ) -> tuple[list[SampledSequence], PromptScores | None]:
-        """n samples of `prompt` under `weights` (None: the base), and its prompt logprobs
-        (with the top `topk` at each position) when asked."""
+        """n samples of `prompt` (showing `images`) under `weights` (None: the base), and its
+        prompt logprobs (with the top `topk` at each position) when asked."""
         if weights is not None and not await asyncio.to_thread(weights.is_file):
             raise TinkerUserError("these sampler weights are gone (ephemeral weights are "
                                   "kept for the newest few saves only)")
@@ -141,12 +142,13 @@ class Sampler:
             seeds = [None if sampling.seed is None else sampling.seed + i for i in range(n)]
             try:
                 completions = await asyncio.gather(*[
-                    client.complete(prompt, _with_seed(sampling, seed)) for seed in seeds])
+                    client.complete(prompt, _with_seed(sampling, seed), images=images)
+                    for seed in seeds])
             except InferenceError as exc:
                 if 400 <= exc.status < 500:
                     raise TinkerUserError(exc.message) from None
                 raise
-            scored = await self._score(weights, prompt, topk) \
+            scored = await self._score(weights, prompt, topk, images) \
                 if prompt_logprobs or topk else None
         sequences = [SampledSequence(c.token_ids, c.logprobs,
                                      "length" if c.finish_reason == "length" else "stop")
@@ -190,15 +192,20 @@ class Sampler:
             await client.update_weights(str(path.resolve()), self._version)
         self._server_weights = loaded
 
-    async def _score(self, weights: Path | None, prompt: list[int], topk: int) -> PromptScores:
+    async def _score(self, weights: Path | None, prompt: list[int], topk: int,
+                     images: tuple[PlacedImage, ...] = ()) -> PromptScores:
         if len(prompt) < 2:
             return PromptScores([math.nan] * len(prompt), _top(None, prompt, topk))
+        if images and (topk or images[-1].end >= len(prompt)):
+            raise TinkerUserError("prompt logprobs of a prompt with images need a token after "
+                                  "its last image, and no top-k")
         async with self._scorer_lock:
             loop = asyncio.get_running_loop()
             return await loop.run_in_executor(self.executor, self._score_sync, weights, prompt,
-                                              topk)
+                                              topk, images)
 
-    def _score_sync(self, weights: Path | None, prompt: list[int], topk: int) -> PromptScores:
+    def _score_sync(self, weights: Path | None, prompt: list[int], topk: int,
+                    images: tuple[PlacedImage, ...] = ()) -> PromptScores:
         from safetensors.torch import load_file
 
         from skyrl_agent.trainers.torch_backend import TorchBackend
@@ -214,7 +221,8 @@ class Sampler:
                     if name in params:
                         params[name].data.copy_(tensor)
             self._scorer_weights = loaded
-        datum = Datum(tuple(prompt[:-1]), {"target_tokens": tuple(map(float, prompt[1:]))})
+        datum = Datum(tuple(prompt[:-1]), {"target_tokens": tuple(map(float, prompt[1:]))},
+                      images=images)
         (logprobs,) = self._scorer.forward([datum])  # the training forward's own code path
         return PromptScores([math.nan, *logprobs], _top(self._scorer, prompt, topk))
 

@@ -17,11 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from skyrl_agent.inference.client import Sampling
+from skyrl_agent.inference.vision import Rendered
 from skyrl_agent.tinker import training
 from skyrl_agent.tinker.catalog import Catalog
 from skyrl_agent.tinker.config import BaseModels, ServiceOptions
 from skyrl_agent.tinker.errors import TinkerNotFound, TinkerUserError
 from skyrl_agent.tinker.futures import FutureStore, Result
+from skyrl_agent.tinker.images import prompt_with_images
 from skyrl_agent.tinker.models import TrainingModel, lora_spec, make_backend
 from skyrl_agent.tinker.ordering import SeqOrder
 from skyrl_agent.tinker.proto import ForwardBackwardCall, encode_sample
@@ -191,7 +193,7 @@ class TinkerService:
             if request.sampling_session_id \
             else self._sampler_ref(request.base_model, request.model_path, tenant)
         base = self.bases.get(ref.base_model)
-        prompt = _prompt_tokens(request.prompt)
+        prompt = _prompt(request.prompt, base.folder, base.name)
         sampling = _sampling(request.sampling_params)
         if base.name not in self.samplers:
             self.samplers[base.name] = Sampler(base, self.executor, self.options.max_batch_size,
@@ -200,10 +202,10 @@ class TinkerService:
         weights = Path(ref.weights) if ref.weights else None
 
         async def run() -> Result:
-            sequences, scored = await sampler.sample(weights, prompt, sampling,
+            sequences, scored = await sampler.sample(weights, prompt.ids, sampling,
                                                      request.num_samples,
                                                      bool(request.prompt_logprobs),
-                                                     request.topk_prompt_logprobs)
+                                                     request.topk_prompt_logprobs, prompt.images)
             if scored is None:
                 return Result(proto=encode_sample(sequences, None))
             logprobs = scored.logprobs if request.prompt_logprobs else None
@@ -296,15 +298,11 @@ def _check_sample_request(request: Any) -> None:
         raise TinkerUserError(f"not supported by this server: {', '.join(unsupported)}")
 
 
-def _prompt_tokens(prompt: Any) -> list[int]:
-    tokens: list[int] = []
-    for chunk in prompt.chunks:
-        if getattr(chunk, "type", None) != "encoded_text":
-            raise TinkerUserError("only text prompts are supported")
-        tokens.extend(int(t) for t in chunk.tokens)
-    if not tokens:
+def _prompt(prompt: Any, folder: Path, name: str) -> Rendered:
+    rendered = prompt_with_images(prompt.chunks, folder, name)
+    if not rendered.ids:
         raise TinkerUserError("the prompt is empty")
-    return tokens
+    return rendered
 
 
 def _sampling(params: Any) -> Sampling:

@@ -13,6 +13,7 @@ from skyrl_agent.atomic import atomic_folder
 from skyrl_agent.tinker.catalog import Catalog
 from skyrl_agent.tinker.errors import TinkerUserError
 from skyrl_agent.tinker.futures import Result
+from skyrl_agent.tinker.images import with_image_tokens
 from skyrl_agent.tinker.losses import loss_config
 from skyrl_agent.tinker.models import TrainingModel
 from skyrl_agent.tinker.proto import ForwardBackwardCall, encode_forward_backward
@@ -43,17 +44,18 @@ def tinker_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
 def forward_backward(model: TrainingModel, call: ForwardBackwardCall) -> Result:
     if not call.data:
         raise TinkerUserError("forward_backward needs at least one datum")
-    check_tokens(call.data, model.base.vocab_size)
+    data = with_image_tokens(call.data, model.base.folder, model.base.name)
+    check_tokens(data, model.base.vocab_size)
     config = loss_config(call.loss_fn, call.loss_fn_config)
     if call.forward_only:  # Tinker's forward reports the loss too, without a gradient
-        logprobs = model.backend.forward(call.data)
         try:
-            metrics = forward_loss(call.data, logprobs, call.loss_fn, config)
+            logprobs = model.backend.forward(data)
+            metrics = forward_loss(data, logprobs, call.loss_fn, config)
         except ValueError as exc:
             raise TinkerUserError(str(exc)) from None
         return Result(proto=encode_forward_backward(logprobs, tinker_metrics(metrics)))
     try:
-        output = model.backend.forward_backward(call.data, call.loss_fn, config)
+        output = model.backend.forward_backward(data, call.loss_fn, config)
     except ValueError as exc:  # token ids outside the vocabulary, KL without a reference, ...
         raise TinkerUserError(str(exc)) from None
     return Result(proto=encode_forward_backward(output.logprobs, tinker_metrics(output.metrics)))
