@@ -4,6 +4,7 @@ every trajectory, show such text as text, and run no injected markup."""
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import os
@@ -155,3 +156,45 @@ def test_markup_that_slipped_in_would_not_run(tmp_path):
     report.write_text(report.read_text().replace("</body>", injected))
     body = _rendered_dom(browser, report, tmp_path / "profile").find("body")[0][0]
     assert body.get("data-rendered") == "1" and "data-pwned" not in body, body
+
+
+def test_the_viewer_shows_a_turns_images_where_its_input_had_them(tmp_path):
+    """A turn whose input showed an image gets it in the viewer, between the text around it,
+    once (the next turn, whose prompt still holds it, does not repeat it), decoded by the
+    browser under the page's policy; bytes that are not PNG or JPEG (here SVG markup an agent
+    could write) are named, never put in an <img>."""
+    from skyrl_agent.types import FinishReason, PlacedImage, Turn
+    from tests.tiny_models import png
+
+    browser = _browser()
+    red, fake = png((200, 0, 0), (30, 20)), b"<svg xmlns='http://www.w3.org/2000/svg'/>"
+    first_prompt = (1, 2, *[9] * 4, 3, *[9] * 2, 4)
+    first = Turn(first_prompt, (5,), (-0.5,), (1,), 0, FinishReason.STOP,
+                 images=(PlacedImage(red, 2, 4), PlacedImage(fake, 7, 2)))
+    second = Turn((*first_prompt, 5, 6), (7,), (-0.5,), (1,), 0, FinishReason.STOP,
+                  images=first.images)
+    runs = [Trajectory("demo/pictures", 0, "test", (Segment((first, second)),), Reward(1.0),
+                       FinishReason.STOP)]
+    report = write_report(tmp_path / "report.html", summarize(runs), runs, "images",
+                          decode=lambda ids: "".join(f"<{i}>" for i in ids))
+    dom = dump_dom_with_time(browser, report, tmp_path / "profile")
+    images = dom.find("img", "shown")
+    assert len(images) == 1
+    assert images[0][0]["src"] == "data:image/png;base64," + base64.b64encode(red).decode()
+    assert images[0][0].get("data-decoded") == "30x20", images
+    inputs = [text for _, text in dom.find("pre", "input")]
+    assert inputs[0].startswith("<1><2><3>[image ") and "not PNG or JPEG]<4>" in inputs[0]
+    assert inputs[1] == "<6>"  # its prompt adds only this after turn 1's completion
+
+
+def dump_dom_with_time(browser: str, page: Path, profile: Path) -> _Elements:
+    """The DOM after the page's script and the promises it started (image decoding) ran."""
+    dom = subprocess.run(
+        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--virtual-time-budget=5000", f"--user-data-dir={profile}", "--dump-dom",
+         page.as_uri()], capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-1000:]
+    elements = _Elements()
+    elements.feed(dom.stdout)
+    return elements

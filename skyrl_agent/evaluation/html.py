@@ -26,7 +26,7 @@ from typing import Any
 from skyrl_agent.evaluation.charts import run_charts, training_charts
 from skyrl_agent.evaluation.curves import Series
 from skyrl_agent.evaluation.stats import RunSummary
-from skyrl_agent.types import Trajectory
+from skyrl_agent.types import Trajectory, Turn
 
 Decode = Callable[[tuple[int, ...]], str]
 
@@ -53,13 +53,43 @@ def script_json(value: Any) -> str:
     return json.dumps(_finite(value), allow_nan=False).translate(_SCRIPT_SAFE)
 
 
+def _input_pieces(turn: Turn, new_input: tuple[int, ...],
+                  decode: Decode | None) -> list[str | dict[str, str]]:
+    """A turn's new input as text pieces and, where it shows images, `{"image": sha256}`."""
+    if decode is None:
+        return [f"[{len(new_input)} tokens]"]
+    start = len(turn.prompt_ids) - len(new_input)
+    pieces: list[str | dict[str, str]] = []
+    at = start
+    for image in turn.images:
+        if image.offset >= start:
+            pieces += [decode(turn.prompt_ids[at : image.offset]), {"image": image.sha256}]
+            at = image.end
+    pieces.append(decode(turn.prompt_ids[at:]))
+    return [piece for piece in pieces if piece != ""]
+
+
+def image_url(data: bytes) -> str | None:
+    """A data: URL for PNG or JPEG bytes (by their signature); None for anything else, which
+    the page then does not show."""
+    kind = "png" if data.startswith(b"\x89PNG\r\n\x1a\n") else \
+        "jpeg" if data.startswith(b"\xff\xd8\xff") else None
+    return None if kind is None else f"data:image/{kind};base64,{base64.b64encode(data).decode()}"
+
+
+def _images(trajectory: Trajectory) -> dict[str, str | None]:
+    """Each image of the trajectory once, by content address."""
+    return {image.sha256: image_url(image.data) for segment in trajectory.segments
+            for turn in segment.turns for image in turn.images}
+
+
 def _turns(trajectory: Trajectory, decode: Decode | None) -> list[dict[str, Any]]:
     turns = []
     for segment_index, segment in enumerate(trajectory.segments):
         for turn, new_input in zip(segment.turns, segment.new_inputs(), strict=True):
             turns.append({
                 "segment": segment_index,
-                "input": decode(new_input) if decode else f"[{len(new_input)} tokens]",
+                "input": _input_pieces(turn, new_input, decode),
                 "output": decode(turn.completion_ids) if decode
                 else f"[{len(turn.completion_ids)} tokens]",
                 "prompt_tokens": len(turn.prompt_ids),
@@ -78,7 +108,8 @@ def report_data(summary: RunSummary, trajectories: list[Trajectory], title: str,
             "reward": t.reward.value, "reward_reason": t.reward.reason,
             "components": dict(t.reward.components), "finish": t.finish_reason.value,
             "masked": t.masked, "mask_reason": t.mask_reason, "time": t.time_account(),
-            "segments": len(t.segments), "turns": _turns(t, decode)} for t in trajectories]}
+            "segments": len(t.segments), "turns": _turns(t, decode),
+            "images": _images(t)} for t in trajectories]}
 
 
 def charts_html(summary: RunSummary, trajectories: list[Trajectory],
@@ -111,7 +142,7 @@ def write_report(path: Path, summary: RunSummary, trajectories: list[Trajectory]
 
 _PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'; script-src 'sha256-__SCRIPT_HASH__'">
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'; img-src data:; script-src 'sha256-__SCRIPT_HASH__'">
 <title>__TITLE__</title>
 <style>
 body { font: 14px system-ui, sans-serif; margin: 2em; color: #222; }
@@ -122,6 +153,7 @@ td, th { border: 1px solid #ccc; padding: 3px 8px; text-align: left; }
 .turn { border-left: 3px solid #8ab; margin: 8px 0 8px 8px; padding-left: 8px; }
 pre { white-space: pre-wrap; background: #f6f6f6; padding: 6px; max-height: 24em; overflow: auto; }
 .meta { color: #666; font-size: 12px; }
+img.shown { display: block; max-width: 320px; min-width: 64px; image-rendering: pixelated; border: 1px solid #ccc; margin: 4px 0; }
 .charts { display: flex; flex-wrap: wrap; gap: 8px; }
 .chart-box { margin: 0; border: 1px solid #ddd; border-radius: 4px; }
 svg.chart { font: 11px system-ui, sans-serif; fill: #333; }
@@ -165,6 +197,10 @@ tasks.append(el("tr", {}, ...["task", "samples", "passed", "reward mean", "maske
 s.per_task.forEach(r => tasks.append(el("tr", {"class": "task-row"},
   ...[r.task_id, r.samples, r.passed, fmt(r.reward_mean), r.masked, fmt(r.turns_mean)].map(v => el("td", {}, String(v))))));
 const list = document.getElementById("trajectories");
+// A piece of a turn's input: text, or an image the trajectory holds (a data: URL of PNG/JPEG).
+const shown = (t, p) => typeof p === "string" ? p : (t.images[p.image]
+  ? el("img", {"class": "shown", "src": t.images[p.image], "alt": `image ${p.image.slice(0, 12)}`})
+  : `[image ${p.image.slice(0, 12)}: not PNG or JPEG]`);
 data.trajectories.forEach(t => {
   const head = el("summary", {}, `${t.task} #${t.sample} — reward ${fmt(t.reward)} — ${t.finish} — ${t.turns.length} turns` + (t.masked ? ` — masked: ${t.mask_reason}` : ""));
   const box = el("details", {"class": "trajectory" + (t.masked ? " masked" : ""), "data-task": t.task}, head);
@@ -173,7 +209,7 @@ data.trajectories.forEach(t => {
   if (spent.length) box.append(el("p", {"class": "time"}, "seconds: " + spent.map(([k, v]) => `${k} ${v.toFixed(2)}`).join(" · ")));
   t.turns.forEach((turn, i) => box.append(el("div", {"class": "turn"},
     el("div", {"class": "meta"}, `turn ${i + 1} (segment ${turn.segment + 1}) · prompt ${turn.prompt_tokens} tok · completion ${turn.completion_tokens} tok · mean logprob ${fmt(turn.mean_logprob)} · policy v${turn.policy_version} · ${turn.finish}`),
-    el("div", {}, "input"), el("pre", {"class": "input"}, turn.input),
+    el("div", {}, "input"), el("pre", {"class": "input"}, ...turn.input.map(p => shown(t, p))),
     el("div", {}, "output"), el("pre", {"class": "output"}, turn.output))));
   list.append(box);
 });
@@ -190,6 +226,10 @@ document.querySelectorAll("svg.chart").forEach(svg => {
 });
 document.body.setAttribute("data-charts", String(drawn));
 document.body.setAttribute("data-rendered", String(data.trajectories.length));
+// An image counts as shown once the browser decoded it (the page's policy allows data: images).
+document.querySelectorAll("img.shown").forEach(img => img.decode().then(
+  () => img.setAttribute("data-decoded", `${img.naturalWidth}x${img.naturalHeight}`),
+  () => img.setAttribute("data-decoded", "failed")));
 """
 # The page's CSP runs this script only: an injected one or an on* attribute would not run.
 _SCRIPT_HASH = base64.b64encode(hashlib.sha256(_SCRIPT.encode()).digest()).decode()
