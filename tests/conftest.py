@@ -49,7 +49,7 @@ LONGEST_FILES = ("test_harbor", "test_rollout_job", "test_ray", "test_ray_cluste
                  "test_train", "test_learning", "test_sharded_backends", "test_agents_e2e",
                  "test_recipe", "test_harbor_installed_agents", "test_swe_rollout",
                  "test_inference_server", "test_audit", "test_sandbox_security", "test_swe_mini",
-                 "test_tinker_rest", "test_tinker")
+                 "test_tinker_rest", "test_tinker", "test_vision")
 """Files that take the longest (measured with --durations), handed to parallel workers first so
 no long file starts last and leaves the other worker idle."""
 

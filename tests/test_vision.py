@@ -268,16 +268,49 @@ def test_an_image_observation_is_recorded_stored_and_replayed_token_exactly(vlm_
                                                strict=True)) <= 1e-3
 
 
-@pytest.mark.parametrize("backend", ["fsdp", "megatron"])
-def test_sharded_backends_refuse_a_vision_model_with_one_line(vlm_dir, backend):
-    """FSDP2 and Megatron do not feed pixels yet: a clear configuration error, not a crash in
-    a rank process."""
+def test_megatron_refuses_a_vision_model_with_one_line(vlm_dir):
+    """Megatron's GPT model has no vision tower: a clear configuration error, not a crash in a
+    rank process."""
     from skyrl_agent.config import TrainerConfig
     from skyrl_agent.errors import ConfigError
     from skyrl_agent.trainers.settings import build_backend
 
-    with pytest.raises(ConfigError, match="trains on the torch backend"):
-        build_backend(vlm_dir, TrainerConfig(backend=backend), None, seed=0)
+    with pytest.raises(ConfigError, match="on the torch or fsdp backend"):
+        build_backend(vlm_dir, TrainerConfig(backend="megatron"), None, seed=0)
+
+
+def test_fsdp_ranks_train_a_vision_model_as_one_process_does(vlm_dir):
+    """Two FSDP2 ranks (gloo) shard the LLaVA layer by layer, vision tower included: on image
+    data their logprobs equal the one-process backend's, before and after the same step
+    (1e-5), and each row's pixels go with it to its rank."""
+    from skyrl_agent.trainers.fsdp_backend import FsdpBackend
+
+    inputs = ImageInputs.for_model(vlm_dir)
+    assert inputs is not None
+    data = []
+    for colour in ((200, 0, 0), (0, 0, 200), (0, 200, 0)):
+        placed = inputs.expand([_ids("<|user|>a "), png(colour), _ids("<|end|><|assistant|>red")])
+        ids, n = placed.ids, len(placed.ids) - 1
+        data.append(Datum(tuple(ids[:-1]), {
+            "target_tokens": tuple(float(t) for t in ids[1:]),
+            "weights": (0.0,) * (n - 3) + (1.0,) * 3, "advantages": (1.0,) * n,
+            "logprobs": (-4.0,) * n}, images=placed.images))
+    one = TorchBackend(vlm_dir, dtype="float32", seed=0)
+    ranks = FsdpBackend(vlm_dir, world_size=2, dtype="float32", seed=0)
+    try:
+        before = one.forward(data)
+        for step in range(2):
+            if step:
+                for backend in (one, ranks):
+                    backend.forward_backward(data, "importance_sampling")
+                    backend.optim_step(AdamParams(learning_rate=1e-2))
+            gaps = [abs(a - b) for x, y in zip(one.forward(data), ranks.forward(data),
+                                               strict=True) for a, b in zip(x, y, strict=True)]
+            assert max(gaps) <= 1e-5, (step, max(gaps))
+        assert one.forward(data) != before  # the step moved them
+    finally:
+        one.close()
+        ranks.close()
 
 
 def test_rl_learns_to_read_the_picture_with_a_tiny_vlm(tmp_path, work_root):

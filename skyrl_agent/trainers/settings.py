@@ -104,9 +104,9 @@ def build_backend(folder: Path, trainer: TrainerConfig, lora: LoraSettings | Non
                   frozen_base: Any = None) -> TrainerBackend:
     """`trainer.backend` over the model in `folder`; `frozen_base` (torch, LoRA): a loaded base
     whose weights the new model shares instead of loading its own."""
-    if trainer.backend != "torch" and is_vision_model(folder):
+    if trainer.backend == "megatron" and is_vision_model(folder):
         raise ConfigError(f"{folder.name} is a vision-language model; it trains on the torch "
-                          f"backend (trainer.backend=torch), not {trainer.backend} yet")
+                          "or fsdp backend, not megatron yet")
     if trainer.backend == "megatron":
         from skyrl_agent.trainers.megatron.backend import MegatronBackend
 
