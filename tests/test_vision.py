@@ -153,12 +153,15 @@ def test_chat_completions_take_openai_image_parts(vlm_server):
     ({"prompt_chunks": [{"type": "image", "data": "bm90IGFuIGltYWdl"}]}, "not a readable image"),
     ({"prompt_chunks": [{"type": "image", "data": base64.b64encode(RED).decode(),
                          "expected_tokens": 9}]}, "not the expected 9"),
+    ({"prompt_chunks": [{"type": "image", "data": base64.b64encode(RED).decode()}] * 33},
+     "at most 32"),
 ])
 def test_the_server_refuses_images_that_would_break_the_forward_or_reach_out(
         vlm_server, attack, message):
     """Image tokens with no image (the forward would fail for every row in the batch), an
     image fetched from a URL (the server would reach wherever it can), bytes that are no image,
-    and a token count other than the client expects: each a 400 naming the problem."""
+    a token count other than the client expects, and more images than one forward should
+    decode at once: each a 400 naming the problem."""
     status, body = _post(vlm_server.url, "/v1/completions", {**attack, "max_tokens": 2})
     assert status == 400 and message in body["error"]["message"]
 

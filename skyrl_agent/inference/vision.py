@@ -23,6 +23,9 @@ from skyrl_agent.types import PlacedImage
 
 MAX_IMAGE_BYTES = 8 << 20
 MAX_IMAGE_PIXELS = 4096 * 4096
+MAX_IMAGES = 32
+"""Images in one prompt: each may decode to ~50 MB of pixels, and a forward decodes all of a
+prompt's new images at once."""
 IMAGE_FORMATS = {"PNG": "png", "JPEG": "jpeg"}
 
 
@@ -137,6 +140,7 @@ class ImageInputs:
         """Token chunks and images (bytes), in order, as ids with each image's span filled
         with the image token. Token chunks may not hold the image token themselves: an image
         span without its image would fail the forward."""
+        _check_count(sum(1 for chunk in chunks if isinstance(chunk, bytes)))
         ids: list[int] = []
         images: list[PlacedImage] = []
         for chunk in chunks:
@@ -157,6 +161,7 @@ class ImageInputs:
         if text.count(self.image_token) != len(images):
             raise ImageError(f"{text.count(self.image_token)} image placeholders for "
                              f"{len(images)} images")
+        _check_count(len(images))
         decoded = [decode_image(data) for data in images]
         ids = list(self.processor(text=text, images=decoded or None,
                                   add_special_tokens=False)["input_ids"][0])
@@ -173,6 +178,7 @@ class ImageInputs:
     def check_placement(self, ids: Sequence[int], images: Sequence[PlacedImage]) -> None:
         """Every image token belongs to exactly one image's span, each span is whole, in
         order, and the right length for its image."""
+        _check_count(len(images))
         covered = 0
         previous_end = 0
         for image in images:
@@ -199,6 +205,11 @@ class ImageInputs:
                                              return_tensors="pt")
         return {name: value.to(device) if device is not None else value
                 for name, value in out.items()}
+
+
+def _check_count(images: int) -> None:
+    if images > MAX_IMAGES:
+        raise ImageError(f"{images} images in one prompt; at most {MAX_IMAGES} are taken")
 
 
 def image_bytes(reference: str) -> bytes:
