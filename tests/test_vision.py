@@ -335,7 +335,9 @@ def test_rl_learns_to_read_the_picture_with_a_tiny_vlm(tmp_path, work_root):
     config = load_config(None, [
         "agent.name=answer", "tasks.source=toy-vision", f"inference.model={model}",
         "inference.max_tokens=8", "collector.n_samples_per_task=16",
-        "trainer.learning_rate=3e-2", "trainer.max_steps=16", f"sandbox.work_root={work_root}"])
+        "trainer.learning_rate=3e-2", "trainer.max_steps=16", f"sandbox.work_root={work_root}",
+        # Not what this test is about: tests in the agent's sandbox halve each episode's cost.
+        "verifier.default_mode=shared"])
     results = asyncio.run(reference_run(config, tmp_path / "run"))
     assert all(r.metrics["agreement/max_abs_diff"] < 1e-3 for r in results)
     rewards: dict[tuple[int, str], list[float]] = defaultdict(list)
@@ -411,3 +413,23 @@ def test_an_instruction_image_must_be_a_picture_file_of_the_task(tmp_path, link,
         ("good.png", BLUE),)
     with pytest.raises(TaskError, match=link.replace(".", r"\.")):
         linked_images(task, f"see ![{made}]({link})")
+
+
+async def test_a_demonstration_on_a_vision_model_shows_the_pictures(vlm_dir, work_root):
+    """Demonstrations (the teacher's episodes, SFT's data) of a vision model see the task's
+    pictures as sampled episodes do: the session is built with the model's image inputs."""
+    from transformers import AutoTokenizer
+
+    from skyrl_agent.agents.answer import AnswerAgent
+    from skyrl_agent.collector.demos import act_out
+    from skyrl_agent.config import RunConfig, SandboxConfig
+    from skyrl_agent.envs.episode import fresh_sandboxes
+    from skyrl_agent.tasks import find_task
+
+    task = find_task("toy-vision/red")
+    config = RunConfig(sandbox=SandboxConfig(backend="local", work_root=str(work_root)))
+    trajectory = await act_out(task, AnswerAgent, config, AutoTokenizer.from_pretrained(vlm_dir),
+                               ["rrrrrrrr"], fresh_sandboxes(config.sandbox))
+    [turn] = trajectory.segments[0].turns
+    assert [image.data for image in turn.images] == [dict(task.instruction_images)["picture.png"]]
+    assert trajectory.reward.value == 1.0

@@ -22,6 +22,7 @@ from skyrl_agent.collector.model import session_config
 from skyrl_agent.collector.rollout import make_agent, run_rollout
 from skyrl_agent.config import RunConfig
 from skyrl_agent.envs.episode import SandboxSource, fresh_sandboxes
+from skyrl_agent.inference.vision import tokenizer_images
 from skyrl_agent.tasks.families.base import Step
 from skyrl_agent.tasks.model import TaskSpec
 from skyrl_agent.tasks.solution import solution_commands, solution_plan, solution_walkthrough
@@ -110,8 +111,11 @@ async def act_out(task: TaskSpec, agent_cls: type[Agent], config: RunConfig, tok
     else:
         teacher = Teacher(tokenizer, script)
 
+    images = tokenizer_images(tokenizer)
+
     def sessions(agent: Agent, session_id: str) -> LLMSession:
-        return LLMSession(teacher, tokenizer, settings, tools=agent.tools, session_id=session_id)
+        return LLMSession(teacher, tokenizer, settings, tools=agent.tools_for(images is not None),
+                          session_id=session_id, images=images)
 
     trajectory = await run_rollout(task, sample_index, make_agent(agent_cls, config), config,
                                    sessions, keep_state, sandboxes)

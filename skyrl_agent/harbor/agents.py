@@ -82,6 +82,7 @@ class SkyrlHarborAgent(BaseAgent):
         from transformers import AutoTokenizer
 
         from skyrl_agent.inference.models import resolve_model
+        from skyrl_agent.inference.vision import tokenizer_images
 
         config = self._config()
         if not self.tokenizer_name:
@@ -93,8 +94,10 @@ class SkyrlHarborAgent(BaseAgent):
         agent = make_agent(agent_class(self.agent_name), config)
         async with InferenceClient([config.inference.endpoint or ""]) as client:
             settings = session_config(config, await client.max_model_len())
-            session = LLMSession(client, tokenizer, settings, tools=agent.tools,
-                                 session_id=self.session_id)
+            images = tokenizer_images(tokenizer)
+            session = LLMSession(client, tokenizer, settings,
+                                 tools=agent.tools_for(images is not None),
+                                 session_id=self.session_id, images=images)
             try:
                 result = await agent.run(Env(task, sandbox), session)
             finally:

@@ -11,6 +11,7 @@ and a pixel bound checked before anything is decompressed.
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 from collections import OrderedDict
@@ -91,6 +92,19 @@ def load_pretrained(folder: Path, dtype: Any) -> Any:
     return loader.from_pretrained(folder, dtype=dtype)
 
 
+@functools.cache
+def image_inputs(folder: Path) -> ImageInputs | None:
+    """The image inputs of the model in `folder` (None: not a vision model), loaded once."""
+    return ImageInputs.for_model(folder)
+
+
+def tokenizer_images(tokenizer: Any) -> ImageInputs | None:
+    """The image inputs of the model folder `tokenizer` was loaded from (None: not a vision
+    model, or not loaded from a folder)."""
+    source = getattr(tokenizer, "name_or_path", "")
+    return image_inputs(Path(source).resolve()) if source and Path(source).is_dir() else None
+
+
 def text_config(config: Any) -> Any:
     """The language model's part of a (possibly multimodal) config."""
     return config.get_text_config()
@@ -140,7 +154,7 @@ class ImageInputs:
         """Token chunks and images (bytes), in order, as ids with each image's span filled
         with the image token. Token chunks may not hold the image token themselves: an image
         span without its image would fail the forward."""
-        _check_count(sum(1 for chunk in chunks if isinstance(chunk, bytes)))
+        check_image_count(sum(1 for chunk in chunks if isinstance(chunk, bytes)))
         ids: list[int] = []
         images: list[PlacedImage] = []
         for chunk in chunks:
@@ -161,7 +175,7 @@ class ImageInputs:
         if text.count(self.image_token) != len(images):
             raise ImageError(f"{text.count(self.image_token)} image placeholders for "
                              f"{len(images)} images")
-        _check_count(len(images))
+        check_image_count(len(images))
         decoded = [decode_image(data) for data in images]
         ids = list(self.processor(text=text, images=decoded or None,
                                   add_special_tokens=False)["input_ids"][0])
@@ -178,7 +192,7 @@ class ImageInputs:
     def check_placement(self, ids: Sequence[int], images: Sequence[PlacedImage]) -> None:
         """Every image token belongs to exactly one image's span, each span is whole, in
         order, and the right length for its image."""
-        _check_count(len(images))
+        check_image_count(len(images))
         covered = 0
         previous_end = 0
         for image in images:
@@ -207,7 +221,8 @@ class ImageInputs:
                 for name, value in out.items()}
 
 
-def _check_count(images: int) -> None:
+def check_image_count(images: int) -> None:
+    """At most MAX_IMAGES in one prompt (checked before any is decoded)."""
     if images > MAX_IMAGES:
         raise ImageError(f"{images} images in one prompt; at most {MAX_IMAGES} are taken")
 
@@ -252,6 +267,7 @@ def split_image_parts(messages: Sequence[dict[str, Any]],
                 url = url.get("url") if isinstance(url, dict) else url
                 if not isinstance(url, str):
                     raise ImageError("an image_url part needs image_url.url")
+                check_image_count(len(images) + 1)  # before decoding one more
                 images.append(image_bytes(url))
                 parts.append({"type": "image"})
             else:

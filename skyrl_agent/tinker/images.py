@@ -9,23 +9,22 @@ image chunks are expanded the same way (the count may be left out there).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from skyrl_agent.inference.vision import ImageError, ImageInputs, Rendered
+from skyrl_agent.inference.vision import (
+    ImageError,
+    ImageInputs,
+    Rendered,
+    check_image_count,
+    image_inputs,
+)
 from skyrl_agent.tinker.errors import TinkerUserError
 from skyrl_agent.trainers.backend import Datum
 
 IMAGE_SLOT = -1
 """The id an image chunk's positions hold until the model's image token is known."""
-
-
-@functools.cache
-def image_inputs(folder: Path) -> ImageInputs | None:
-    """The image inputs of the base model in `folder` (None: not a vision model), loaded once."""
-    return ImageInputs.for_model(folder)
 
 
 def vision_of(folder: Path, name: str) -> ImageInputs:
@@ -46,6 +45,7 @@ def with_image_tokens(data: Sequence[Datum], folder: Path, name: str) -> list[Da
         inputs = vision_of(folder, name)
         ids = tuple(inputs.token_id if i == IMAGE_SLOT else i for i in datum.model_input)
         try:
+            check_image_count(len(datum.images))
             for image in datum.images:
                 if image.length != inputs.token_count(image.data):
                     raise ImageError(f"an image takes {inputs.token_count(image.data)} tokens, "

@@ -31,7 +31,13 @@ from skyrl_agent.inference.server.protocol import (
 )
 from skyrl_agent.inference.server.render import BadRequest
 from skyrl_agent.inference.server.weight_folders import WeightUpdateError
-from skyrl_agent.inference.vision import ImageError, Rendered, image_bytes, split_image_parts
+from skyrl_agent.inference.vision import (
+    ImageError,
+    Rendered,
+    check_image_count,
+    image_bytes,
+    split_image_parts,
+)
 from skyrl_agent.types import ChangedWeights
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -220,6 +226,7 @@ class EmbeddedServer:
         vision = self.engine.images
         if vision is None:
             raise BadRequest(f"{self.model_name} is not a vision model; use prompt")
+        check_image_count(sum(1 for chunk in chunks if isinstance(chunk, ImageChunk)))
         parts: list[list[int] | bytes] = []
         for chunk in chunks:
             if isinstance(chunk, TokenChunk):
