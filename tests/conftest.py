@@ -9,6 +9,7 @@ import fcntl
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -132,10 +133,23 @@ def work_root():
     tmp_path is private to root)."""
     import tempfile
 
+    from skyrl_agent.sandboxes.local_disk import reap_stale_sandboxes
+
     folder = Path(tempfile.mkdtemp(prefix="skyrl-test-root-"))
     folder.chmod(0o755)
     yield folder
+    # A run the test killed (a process, a Ray node) leaves its sandboxes, mounted disks
+    # included, for the next run's reaping; there is none after the test: reap them here
+    # (retried while a killed process is still being torn down).
+    for _ in range(20):
+        reap_stale_sandboxes(folder)
+        mounted = [line for line in Path("/proc/mounts").read_text().splitlines()
+                   if f" {folder}/" in line]
+        if not mounted:
+            break
+        time.sleep(0.5)
     shutil.rmtree(folder, ignore_errors=True)
+    assert not mounted, f"the test left sandbox disks mounted: {mounted}"
 
 
 @pytest.fixture
