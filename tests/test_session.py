@@ -350,3 +350,83 @@ def test_a_turn_stores_only_the_routing_its_segment_does_not_hold_yet():
     assert _new_routing([turn((1, 2, 3), None)], [1, 2, 3, 5, 6, 7], completion(7)) == \
         routed(0, 7)
     assert _new_routing([first], [1, 2, 3, 5, 6, 7], completion(None)) is None
+
+
+@pytest.fixture(scope="module")
+def vlm(tmp_path_factory):
+    """A tiny LLaVA's tokenizer and image inputs (built in about a second)."""
+    from skyrl_agent.inference.vision import ImageInputs
+    from tests.tiny_models import char_vlm_dir
+
+    folder = char_vlm_dir(tmp_path_factory.mktemp("vlm"))
+    return AutoTokenizer.from_pretrained(folder), ImageInputs.for_model(folder)
+
+
+def _shows(text: str, *pictures: bytes) -> dict:
+    from skyrl_agent.agents.rendering import image_part
+
+    return {"role": "user", "content": [{"type": "text", "text": text},
+                                        *[image_part(p) for p in pictures]]}
+
+
+def test_images_are_rendered_in_place_and_only_for_a_vision_model(vlm):
+    """An image part becomes its span of image tokens where the template put it, in a fresh
+    render and in one that extends a reply (offsets from the first new id); the text-only
+    methods and a text model refuse image parts instead of dropping them; text-only messages
+    pass through unchanged."""
+    from skyrl_agent.agents.rendering import split_images
+    from tests.tiny_models import png
+
+    tokenizer, images = vlm
+    red, blue = png((200, 0, 0)), png((0, 0, 200))
+    renderer = ChatRenderer(tokenizer, images=images)
+    start = renderer.render_start([_shows("see ", red)])
+    [placed] = start.images
+    assert placed.data == red and placed.length == 16
+    assert start.ids[placed.offset : placed.end] == [images.token_id] * 16
+    assert tokenizer.decode(start.ids[: placed.offset]).endswith("see ")
+    reply = tokenizer.encode("red<|end|>", add_special_tokens=False)
+    new = renderer.render_extend(reply, [_shows("and ", blue, red)])
+    assert [i.data for i in new.images] == [blue, red]
+    assert [new.ids[i.offset] for i in new.images] == [images.token_id] * 2
+    whole = renderer.full([_shows("see ", red), {"role": "assistant", "content": "red"},
+                           _shows("and ", blue, red)])
+    assert [*start.ids, *reply, *new.ids][: len(whole)] == whole
+    with pytest.raises(TemplateError, match="render_start"):
+        renderer.start([_shows("see ", red)])
+    with pytest.raises(TemplateError, match="not a vision model"):
+        ChatRenderer(tokenizer).render_start([_shows("see ", red)])
+    plain = [{"role": "user", "content": "hi"}]
+    assert split_images(plain) == (plain, [])
+    assert split_images([_shows("a", red)])[0] == [
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image"}]}]
+
+
+async def test_a_session_keeps_every_images_span_across_turns_and_a_summary(vlm):
+    """Each turn records every image its prompt shows, at its offset in that prompt; after a
+    summary the new segment starts from the task (its picture too) plus the summary, then the
+    pending observation with its own picture."""
+    from skyrl_agent.agents.teacher import Teacher
+    from tests.tiny_models import png
+
+    tokenizer, images = vlm
+    red, blue = png((200, 0, 0)), png((0, 0, 200))
+    settings = SessionConfig(max_context_tokens=300, max_tokens=8, min_completion_tokens=8,
+                             summary_prompt="Summarize.")
+    teacher = Teacher(tokenizer, ["look", "more", "done"], summaries=["saw red"],
+                      summary_request=settings.summary_prompt)
+    session = LLMSession(teacher, tokenizer, settings, images=images)
+    assert session.sees_images
+    await session.chat([{"role": "system", "content": "S"}, _shows("task: ", red)])
+    await session.chat([_shows("x" * 150, blue)])
+    await session.chat([_shows("y" * 40, blue)])  # past 85% of 300 tokens: a summary first
+    first, second = session.segments
+    assert [[i.data for i in t.images] for t in first.turns] == [[red], [red, blue], [red, blue]]
+    assert first.summary_turn_index == 2
+    for turn in (*first.turns, *second.turns):
+        for image in turn.images:
+            assert turn.prompt_ids[image.offset : image.end] == (images.token_id,) * 16
+    [restart] = second.turns
+    assert [i.data for i in restart.images] == [red, blue]
+    text = tokenizer.decode(list(restart.prompt_ids))
+    assert "saw red" in text and text.index("task: ") < text.index("saw red")
