@@ -138,17 +138,25 @@ class ImageInputs:
 
         return cls(AutoProcessor.from_pretrained(folder))
 
-    def token_count(self, data: bytes) -> int:
-        """How many image tokens the processor gives this image."""
+    def token_count(self, data: bytes, decoded: Any = None) -> int:
+        """How many image tokens the processor gives this image (`decoded`: the image already
+        decoded, when the caller has it)."""
         key = PlacedImage(data, 0, 1).sha256
         if key not in self._counts:
-            ids = self.processor(text=self.image_token, images=[decode_image(data)],
+            image = decoded if decoded is not None else decode_image(data)
+            ids = self.processor(text=self.image_token, images=[image],
                                  add_special_tokens=False)["input_ids"][0]
             self._counts[key] = sum(1 for i in ids if i == self.token_id)
             if len(self._counts) > 4096:
                 self._counts.popitem(last=False)
         self._counts.move_to_end(key)
         return self._counts[key]
+
+    def check_expected(self, data: bytes, expected: int | None) -> None:
+        """The image takes `expected` tokens (None: no expectation), as the processor says."""
+        if expected is not None and expected != self.token_count(data):
+            raise ImageError(f"an image takes {self.token_count(data)} tokens, not the "
+                             f"expected {expected}")
 
     def expand(self, chunks: Sequence[Sequence[int] | bytes]) -> Rendered:
         """Token chunks and images (bytes), in order, as ids with each image's span filled
@@ -180,8 +188,8 @@ class ImageInputs:
         ids = list(self.processor(text=text, images=decoded or None,
                                   add_special_tokens=False)["input_ids"][0])
         placed, at = [], 0
-        for data in images:
-            length = self.token_count(data)
+        for data, image in zip(images, decoded, strict=True):
+            length = self.token_count(data, image)
             at = ids.index(self.token_id, at)
             if ids[at : at + length] != [self.token_id] * length:
                 raise ImageError("the processor's image spans do not match its token counts")
@@ -201,9 +209,7 @@ class ImageInputs:
                                  f"runs past {len(ids)} tokens")
             if any(ids[i] != self.token_id for i in range(image.offset, image.end)):
                 raise ImageError(f"image span {image.offset}..{image.end} holds other tokens")
-            if image.length != self.token_count(image.data):
-                raise ImageError(f"an image spans {image.length} tokens; the processor gives "
-                                 f"it {self.token_count(image.data)}")
+            self.check_expected(image.data, image.length)
             covered += image.length
             previous_end = image.end
         stray = sum(1 for i in ids if i == self.token_id) - covered
@@ -241,11 +247,9 @@ def image_bytes(reference: str) -> bytes:
         raise ImageError("images are taken inline only (base64 or a data: URL), not fetched "
                          "from a URL")
     try:
-        data = base64.b64decode(reference, validate=True)
+        return base64.b64decode(reference, validate=True)
     except (binascii.Error, ValueError):
         raise ImageError("an image is not valid base64") from None
-    decode_image(data)  # refuse it here, with its reason, rather than at the forward
-    return data
 
 
 def split_image_parts(messages: Sequence[dict[str, Any]],
@@ -267,7 +271,7 @@ def split_image_parts(messages: Sequence[dict[str, Any]],
                 url = url.get("url") if isinstance(url, dict) else url
                 if not isinstance(url, str):
                     raise ImageError("an image_url part needs image_url.url")
-                check_image_count(len(images) + 1)  # before decoding one more
+                check_image_count(len(images) + 1)  # before taking in one more
                 images.append(image_bytes(url))
                 parts.append({"type": "image"})
             else:

@@ -13,13 +13,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from skyrl_agent.inference.vision import (
-    ImageError,
-    ImageInputs,
-    Rendered,
-    check_image_count,
-    image_inputs,
-)
+from skyrl_agent.inference.vision import ImageError, ImageInputs, Rendered, image_inputs
 from skyrl_agent.tinker.errors import TinkerUserError
 from skyrl_agent.trainers.backend import Datum
 
@@ -45,11 +39,6 @@ def with_image_tokens(data: Sequence[Datum], folder: Path, name: str) -> list[Da
         inputs = vision_of(folder, name)
         ids = tuple(inputs.token_id if i == IMAGE_SLOT else i for i in datum.model_input)
         try:
-            check_image_count(len(datum.images))
-            for image in datum.images:
-                if image.length != inputs.token_count(image.data):
-                    raise ImageError(f"an image takes {inputs.token_count(image.data)} tokens, "
-                                     f"not the expected {image.length}")
             inputs.check_placement(ids, datum.images)
         except ImageError as exc:
             raise TinkerUserError(f"datum {index}: {exc}") from None
@@ -71,14 +60,12 @@ def prompt_with_images(chunks: Sequence[object], folder: Path, name: str) -> Ren
     if not any(isinstance(part, bytes) for part in parts):
         return Rendered([t for part in parts for t in part], ())
     inputs = vision_of(folder, name)
-    try:
-        rendered = inputs.expand(parts)
-    except ImageError as exc:
-        raise TinkerUserError(str(exc)) from None
     expected = [getattr(c, "expected_tokens", None) for c in chunks
                 if getattr(c, "type", None) == "image"]
-    for image, wanted in zip(rendered.images, expected, strict=True):
-        if wanted is not None and wanted != image.length:
-            raise TinkerUserError(f"an image takes {image.length} tokens, not the expected "
-                                  f"{wanted}")
+    try:
+        rendered = inputs.expand(parts)
+        for image, wanted in zip(rendered.images, expected, strict=True):
+            inputs.check_expected(image.data, wanted)
+    except ImageError as exc:
+        raise TinkerUserError(str(exc)) from None
     return rendered

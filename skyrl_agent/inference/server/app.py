@@ -233,10 +233,7 @@ class EmbeddedServer:
                 parts.append(chunk.tokens)
                 continue
             data = image_bytes(chunk.data)
-            if chunk.expected_tokens is not None and \
-                    chunk.expected_tokens != vision.token_count(data):
-                raise BadRequest(f"an image takes {vision.token_count(data)} tokens, not the "
-                                 f"expected {chunk.expected_tokens}")
+            vision.check_expected(data, chunk.expected_tokens)
             parts.append(data)
         return vision.expand(parts)
 
