@@ -131,6 +131,42 @@ async def test_retries_503_then_succeeds():
     assert len(app[SEEN]) == 3 and out.token_ids == (7,) and out.policy_version == 4
 
 
+async def test_a_sessions_prompts_reach_the_server_exactly_however_they_follow_each_other():
+    """A session's prompt ids are JSON-encoded a turn at a time (only ids after the last
+    prompt are encoded anew). The server must parse exactly the prompt given, whether it
+    extends the last one, differs inside it, is shorter, or belongs to another session."""
+    bodies: list[dict] = []
+
+    async def completions(request: web.Request) -> web.Response:
+        bodies.append(await request.json())
+        choice = {"token_ids": [7], "logprobs": {"token_logprobs": [-0.5]}, "text": "x",
+                  "finish_reason": "stop", "policy_version": 0}
+        return web.json_response({"choices": [choice]})
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    port = _free_port()
+    runner = await _serve(app, port)
+    first = [5, 6, 7, 8, 9]
+    sent = [("a", first), ("a", [*first, 7, 10]),  # extends the last prompt
+            ("a", [5, 6, 70, 8, 9, 7, 10, 11]),  # longer, but differs inside it
+            ("b", [5, 6, 70]),  # another session: its own history
+            ("a", [5, 6]), ("a", [5, 6]),  # shorter; then the same again
+            (None, [1, 2, 3])]
+    try:
+        async with InferenceClient([f"http://127.0.0.1:{port}"]) as client:
+            for session, prompt in sent:
+                await client.complete(prompt, Sampling(max_tokens=3, seed=4, stop=("z",)),
+                                      session_id=session)
+            client.end_session("a")
+            await client.complete([5, 6, 7], Sampling(max_tokens=3), session_id="a")
+    finally:
+        await runner.cleanup()
+    assert [body["prompt"] for body in bodies] == [p for _, p in sent] + [[5, 6, 7]]
+    assert bodies[0]["max_tokens"] == 3 and bodies[0]["seed"] == 4
+    assert bodies[0]["stop"] == ["z"]
+
+
 @pytest.mark.serial  # a port reserved now is bound later
 async def test_retries_until_a_server_comes_up():
     port = _free_port()

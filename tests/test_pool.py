@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+from pathlib import Path
 
 from skyrl_agent.config import SandboxConfig
 from skyrl_agent.sandboxes.base import SandboxSpec
@@ -74,3 +76,30 @@ async def test_stop_leaves_no_folder_and_no_cgroup(work_root):
         await sandbox.stop()
     assert list(work_root.iterdir()) == []
     assert not [c for c in CONTROLLERS if (CGROUP_ROOT / c / PARENT / sandbox.id).exists()]
+
+
+def test_the_environment_key_follows_every_change_of_the_tree_and_reads_it_once(
+        tmp_path, monkeypatch):
+    """The key is reused while the tree's files keep their inode, size and change time; a
+    write shows even when it keeps the size and puts the modification time back."""
+    environment = tmp_path / "environment"
+    (environment / "conf").mkdir(parents=True)
+    (environment / "Dockerfile").write_text("FROM scratch\n")
+    settings = environment / "conf" / "settings.ini"
+    settings.write_text("mode=a\n")
+    spec = SandboxSpec(name="t", environment_dir=environment)
+    key = spec.environment_key()
+    reads: list[str] = []
+    real = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda path: reads.append(path.name) or real(path))
+    assert spec.environment_key() == key and reads == []  # unchanged: nothing read again
+    stat = settings.stat()
+    settings.write_text("mode=b\n")
+    os.utime(settings, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    changed = spec.environment_key()
+    assert changed != key and reads
+    (environment / "conf" / "extra").write_text("")
+    assert spec.environment_key() not in (key, changed)
+    settings.write_text("mode=a\n")
+    (environment / "conf" / "extra").unlink()
+    assert spec.environment_key() == key  # the same content: the same key

@@ -101,6 +101,25 @@ def test_a_message_with_more_than_a_role_and_a_text_is_rendered_by_the_template(
     assert len(rendered) == 2
 
 
+def test_a_template_is_learned_once_for_every_session_of_its_tokenizer_and_tools(tokenizer):
+    """Sessions share what the probes learned (a session starts without a template render),
+    but only with the same template and tool list: others learn their own."""
+    custom = copy.deepcopy(tokenizer)
+    ChatRenderer(custom).role_shape("user")
+    renders = []
+    real = custom.apply_chat_template
+    custom.apply_chat_template = lambda *a, **k: renders.append(k.get("tools")) or real(*a, **k)
+    assert ChatRenderer(custom).role_shape("user") is not None and renders == []
+    tools = [{"type": "function", "function": {"name": "run", "description": "Run it.",
+                                               "parameters": {"type": "object"}}}]
+    with_tools = ChatRenderer(custom, tools)
+    assert renders and all(rendered == tools for rendered in renders)
+    message = [{"role": "user", "content": "ok"}]
+    assert with_tools.new_messages(message) == with_tools._rendered_after_reply(message)
+    custom.chat_template = WRAPPED.replace("BODY", "{{ m['content'] | trim }}")
+    assert ChatRenderer(custom).role_shape("user") is None  # not ChatML's shape
+
+
 def test_templates_without_chat_support_are_refused(tokenizer, tiny_model_dir):
     plain = AutoTokenizer.from_pretrained(tiny_model_dir)
     plain.chat_template = None

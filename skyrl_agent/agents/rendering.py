@@ -5,7 +5,8 @@ template and the tokenizer do not round-trip what the model sampled. Instead a c
 rendered once, and afterwards only the text the template would put after the last assistant
 reply is tokenized and appended to the ids already sent and sampled.
 
-The template's shape is learned once per tokenizer by rendering a probe conversation:
+The template's shape is learned once per tokenizer (and tool list) by rendering a probe
+conversation:
 - what it writes after an assistant message (e.g. `<|im_end|>\\n` for ChatML), split into the
   end-of-turn token the model samples itself and the separator that follows it;
 - what it writes for new messages after that
@@ -25,8 +26,10 @@ image tokens; the `render_*` methods return the ids with the images placed.
 
 from __future__ import annotations
 
+import json
+import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from skyrl_agent.inference.vision import ImageInputs, Rendered
@@ -73,10 +76,14 @@ class ChatRenderer:
         self.images = images
         """A vision model's image inputs; its processor's template renders the messages."""
         self._template_owner = images.processor if images is not None else tokenizer
-        with_reply = self._text([*_PROBE_HEAD, {"role": "assistant", "content": _MARKER}], False)
-        if _MARKER not in with_reply:
-            raise TemplateError("the chat template drops assistant messages")
-        self._probe = with_reply
+        learned = _learned_for(self._template_owner, tools)
+        if learned.probe is None:
+            with_reply = self._text([*_PROBE_HEAD, {"role": "assistant", "content": _MARKER}],
+                                    False)
+            if _MARKER not in with_reply:
+                raise TemplateError("the chat template drops assistant messages")
+            learned.probe = with_reply
+        self._probe = with_reply = learned.probe
         after_reply = with_reply[with_reply.rindex(_MARKER) + len(_MARKER):]
         eos = tokenizer.eos_token or ""
         if eos and after_reply.startswith(eos):
@@ -86,18 +93,23 @@ class ChatRenderer:
         self.end_of_turn_ids = frozenset(
             i for i in (tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids(eos or "")) if
             isinstance(i, int) and i >= 0)
-        self._shapes: dict[str, RoleShape | None] = {}
+        self._shapes = learned.shapes
 
     def _text(self, messages: Sequence[Message], add_generation_prompt: bool) -> str:
         return self._template_owner.apply_chat_template(
             list(messages), tools=self.tools, tokenize=False,
             add_generation_prompt=add_generation_prompt)
 
-    def _encode(self, text: str) -> list[int]:
+    def _encode(self, text: str, beside_others: bool = False) -> list[int]:
+        """The ids of `text`; `beside_others` for long texts tokenized off the event loop: the
+        batch call lets other threads run meanwhile (a single `encode` holds the GIL)."""
         backend = getattr(self.tokenizer, "backend_tokenizer", None)
-        if backend is not None:  # the Rust tokenizer directly: same ids, a fraction of the cost
-            return backend.encode(text, add_special_tokens=False).ids
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        if backend is None:
+            return self.tokenizer.encode(text, add_special_tokens=False)
+        # The Rust tokenizer directly: same ids, a fraction of the cost.
+        if beside_others:
+            return backend.encode_batch([text], add_special_tokens=False)[0].ids
+        return backend.encode(text, add_special_tokens=False).ids
 
     def start(self, messages: Sequence[Message]) -> list[int]:
         """The ids of a fresh conversation, ending with the assistant generation prompt."""
@@ -124,9 +136,10 @@ class ChatRenderer:
         text = ("" if closed else self.end_of_turn) + self.separator + self.new_messages(template)
         return self._encode_with(text, pictures)
 
-    def _encode_with(self, text: str, pictures: list[bytes]) -> Rendered:
+    def _encode_with(self, text: str, pictures: list[bytes],
+                     beside_others: bool = False) -> Rendered:
         if not pictures:
-            return Rendered(self._encode(text), ())
+            return Rendered(self._encode(text, beside_others), ())
         if self.images is None:
             raise TemplateError("the messages hold images but the model is not a vision model")
         return self.images.render_text(text, pictures)
@@ -183,7 +196,34 @@ class ChatRenderer:
         text = self._text(template, False)
         if self.separator and text.endswith(self.separator):
             text = text[: -len(self.separator)]
-        return self._encode_with(text, pictures).ids
+        return self._encode_with(text, pictures, beside_others=True).ids
+
+
+@dataclass
+class _Learned:
+    """What renderers learn of one template with one tool list: every session of a model
+    shares it, so the probe renders run once per model, not once per session."""
+
+    probe: str | None = None
+    shapes: dict[str, RoleShape | None] = field(default_factory=dict)
+
+
+_LEARNED: dict[int, tuple[weakref.ref[Any], dict[tuple[str, str], _Learned]]] = {}
+"""id(template owner) -> (a weak reference to it, (template, tools) -> what was learned)."""
+
+
+def _learned_for(owner: Any, tools: list[dict[str, Any]] | None) -> _Learned:
+    key = (str(getattr(owner, "chat_template", "")),
+           json.dumps(tools, sort_keys=True, default=str))
+    owner_id = id(owner)
+    entry = _LEARNED.get(owner_id)
+    if entry is None or entry[0]() is not owner:
+        try:
+            reference = weakref.ref(owner, lambda _: _LEARNED.pop(owner_id, None))
+        except TypeError:  # not weakly referable: learn per renderer
+            return _Learned()
+        entry = _LEARNED[owner_id] = (reference, {})
+    return entry[1].setdefault(key, _Learned())
 
 
 def image_part(data: bytes) -> dict[str, Any]:

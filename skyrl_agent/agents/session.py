@@ -178,10 +178,10 @@ class LLMSession:
         if not segment.turns:
             return self.renderer.render_start([*segment.messages, *messages])
         last = segment.turns[-1]
-        history = [*last.prompt_ids, *last.completion_ids]
         new = self.renderer.render_extend(last.completion_ids, messages)
-        return Rendered([*history, *new.ids],
-                        last.images + tuple(i.shifted(len(history)) for i in new.images))
+        history = len(last.prompt_ids) + len(last.completion_ids)
+        return Rendered([*last.prompt_ids, *last.completion_ids, *new.ids],
+                        last.images + tuple(i.shifted(history) for i in new.images))
 
     def _needs_room(self, prompt_len: int) -> bool:
         limit = self.config.max_context_tokens

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from typing import Any, Protocol
 import aiohttp
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
+from skyrl_agent.inference.request_body import PromptIds, completion_body, ids_text
 from skyrl_agent.types import ChangedWeights, PlacedImage, RoutedExperts
 
 
@@ -146,6 +148,8 @@ class InferenceClient:
         self.routed_experts = routed_experts
         """Ask the servers for each call's MoE routing (Rollout Routing Replay)."""
         self._routes: dict[str, _Server] = {}
+        self._prompts: dict[str, PromptIds] = {}
+        """Per live session, the JSON of its last prompt (only new ids are encoded)."""
         self._session: aiohttp.ClientSession | None = None
         self._busy_s = 0.0
         self._busy_since: float | None = None
@@ -182,6 +186,7 @@ class InferenceClient:
 
     def end_session(self, session_id: str) -> None:
         """Forget a finished session's route."""
+        self._prompts.pop(session_id, None)
         server = self._routes.pop(session_id, None)
         if server is not None:
             server.sessions.discard(session_id)
@@ -229,9 +234,9 @@ class InferenceClient:
                              images: tuple[PlacedImage, ...] = ()) -> tuple[dict, int]:
         body: dict[str, Any] = {
             "max_tokens": max_tokens, "temperature": sampling.temperature,
-            "top_p": sampling.top_p, "logprobs": 0, "return_token_ids": True,
-            **({"prompt_chunks": prompt_chunks(prompt, images)} if images
-               else {"prompt": prompt})}
+            "top_p": sampling.top_p, "logprobs": 0, "return_token_ids": True}
+        if images:
+            body["prompt_chunks"] = prompt_chunks(prompt, images)
         if self.model:
             body["model"] = self.model
         if sampling.top_k:
@@ -246,11 +251,21 @@ class InferenceClient:
             body["ignore_eos"] = True
         if self.routed_experts:
             body["return_routed_experts"] = True
-        headers = {"X-Session-ID": session_id} if session_id else None
-        reply = await self._request(server, "POST", "/v1/completions", json=body, headers=headers)
+        headers = {"Content-Type": "application/json"}
+        if session_id:
+            headers["X-Session-ID"] = session_id
+        data = (json.dumps(body).encode() if images
+                else completion_body(body, self._prompt_text(prompt, session_id)))
+        reply = await self._request(server, "POST", "/v1/completions", data=data,
+                                    headers=headers)
         choice = reply["choices"][0]
         cached = (reply.get("usage") or {}).get("prompt_tokens_details") or {}
         return choice, int(cached.get("cached_tokens") or 0)
+
+    def _prompt_text(self, prompt: list[int], session_id: str | None) -> str:
+        if session_id is None:
+            return ids_text(prompt)
+        return self._prompts.setdefault(session_id, PromptIds()).text(prompt)
 
     async def _wait_until_resumed(self, server: _Server) -> None:
         # The pause is the server's state, not an event of this process: poll it.

@@ -18,6 +18,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from stat import S_ISREG
 from types import MappingProxyType
 from typing import Self
 
@@ -119,10 +120,7 @@ class SandboxSpec:
                             self.network, self.memory_mb, self.cpus, self.pids_limit,
                             self.storage_mb, sorted(self.read_only_mounts.items()))).encode())
         if self.environment_dir is not None:
-            for path in sorted(self.environment_dir.rglob("*")):
-                if path.is_file():
-                    digest.update(str(path.relative_to(self.environment_dir)).encode())
-                    digest.update(path.read_bytes())
+            digest.update(_tree_digest(self.environment_dir))
         return digest.hexdigest()
 
     @classmethod
@@ -147,6 +145,38 @@ class SandboxSpec:
             deadline_s=deadline,
             max_output_bytes=config.max_output_bytes,
         )
+
+
+_TREE_DIGESTS: dict[Path, tuple[tuple[tuple[str, int, int, int], ...], bytes]] = {}
+"""Directory -> (its files' signature, their digest): an unchanged tree is not read again."""
+
+
+def _tree_digest(directory: Path) -> bytes:
+    """sha256 over a tree's files (each one's relative path, then its bytes; links to files
+    followed, links to folders not), in path order. Reused while every file keeps its inode,
+    size and change time: a ctime cannot be set back, so any write shows."""
+    files = []
+    for root, _, names in os.walk(directory):
+        for name in names:
+            path = os.path.join(root, name)
+            try:
+                stat = os.stat(path)
+            except OSError:
+                continue  # a dangling link: not a file
+            if S_ISREG(stat.st_mode):
+                files.append((os.path.relpath(path, directory), stat.st_ino, stat.st_size,
+                              stat.st_ctime_ns))
+    files.sort(key=lambda file: file[0].split(os.sep))
+    signature = tuple(files)
+    cached = _TREE_DIGESTS.get(directory)
+    if cached is not None and cached[0] == signature:
+        return cached[1]
+    digest = hashlib.sha256()
+    for relative, *_ in files:
+        digest.update(relative.encode())
+        digest.update((directory / relative).read_bytes())
+    _TREE_DIGESTS[directory] = (signature, digest.digest())
+    return digest.digest()
 
 
 class Sandbox(ABC):
