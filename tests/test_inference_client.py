@@ -9,6 +9,7 @@ import time
 import pytest
 from aiohttp import web
 
+from skyrl_agent.inference import client as client_module
 from skyrl_agent.inference.client import InferenceClient, InferenceError, Sampling
 from skyrl_agent.inference.process import embedded_server
 from skyrl_agent.inference.vllm import VLLMOptions, vllm_command, vllm_server
@@ -131,10 +132,14 @@ async def test_retries_503_then_succeeds():
     assert len(app[SEEN]) == 3 and out.token_ids == (7,) and out.policy_version == 4
 
 
-async def test_a_sessions_prompts_reach_the_server_exactly_however_they_follow_each_other():
+@pytest.mark.parametrize("remembered", [4096, 1])
+async def test_a_sessions_prompts_reach_the_server_exactly_however_they_follow_each_other(
+        remembered, monkeypatch):
     """A session's prompt ids are JSON-encoded a turn at a time (only ids after the last
     prompt are encoded anew). The server must parse exactly the prompt given, whether it
-    extends the last one, differs inside it, is shorter, or belongs to another session."""
+    extends the last one, differs inside it, is shorter, or belongs to another session; and
+    with room for one session's prompt, the other's is forgotten, not mixed in."""
+    monkeypatch.setattr(client_module, "REMEMBERED_PROMPTS", remembered)
     bodies: list[dict] = []
 
     async def completions(request: web.Request) -> web.Response:
@@ -158,6 +163,7 @@ async def test_a_sessions_prompts_reach_the_server_exactly_however_they_follow_e
             for session, prompt in sent:
                 await client.complete(prompt, Sampling(max_tokens=3, seed=4, stop=("z",)),
                                       session_id=session)
+            assert len(client._prompts) <= remembered
             client.end_session("a")
             await client.complete([5, 6, 7], Sampling(max_tokens=3), session_id="a")
     finally:

@@ -27,6 +27,9 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, w
 from skyrl_agent.inference.request_body import PromptIds, completion_body, ids_text
 from skyrl_agent.types import ChangedWeights, PlacedImage, RoutedExperts
 
+REMEMBERED_PROMPTS = 4096
+"""Sessions whose last prompt the client keeps as JSON (the oldest is dropped beyond)."""
+
 
 class InferenceError(Exception):
     """The server refused a request (4xx), failed it (5xx), or never answered (status 0)."""
@@ -265,6 +268,8 @@ class InferenceClient:
     def _prompt_text(self, prompt: list[int], session_id: str | None) -> str:
         if session_id is None:
             return ids_text(prompt)
+        if session_id not in self._prompts and len(self._prompts) >= REMEMBERED_PROMPTS:
+            del self._prompts[next(iter(self._prompts))]  # a caller that never ended a session
         return self._prompts.setdefault(session_id, PromptIds()).text(prompt)
 
     async def _wait_until_resumed(self, server: _Server) -> None:
