@@ -9,15 +9,14 @@ prompt that starts with them only encodes what follows. The bytes are the same e
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from typing import Any
 
 _COMPACT = (",", ":")
 
 
-def ids_text(ids: Sequence[int]) -> str:
+def ids_text(ids: list[int]) -> str:
     """The ids as the inside of a JSON array: `1,2,3`."""
-    return json.dumps(list(ids), separators=_COMPACT)[1:-1]
+    return json.dumps(ids, separators=_COMPACT)[1:-1]
 
 
 class PromptIds:

@@ -175,8 +175,9 @@ def _tree_digest(directory: Path) -> bytes:
     for relative, *_ in files:
         digest.update(relative.encode())
         digest.update((directory / relative).read_bytes())
-    _TREE_DIGESTS[directory] = (signature, digest.digest())
-    return digest.digest()
+    value = digest.digest()
+    _TREE_DIGESTS[directory] = (signature, value)
+    return value
 
 
 class Sandbox(ABC):
