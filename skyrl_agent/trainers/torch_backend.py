@@ -33,6 +33,7 @@ from skyrl_agent.trainers.backend import (
     TrainingState,
     WeightUpdate,
 )
+from skyrl_agent.trainers.heap import release_freed_heap
 from skyrl_agent.trainers.loss import LossConfig, MicroBatch, micro_batch_loss
 from skyrl_agent.trainers.loss import parse_loss_config as parse_loss_config
 from skyrl_agent.trainers.optimizer_state import by_name, by_position
@@ -127,6 +128,7 @@ class TorchBackend:
                 part = [data[i] for i in rows] or [STAND_IN]
                 logprobs_BT, _ = self._logprobs(self.model, part)
                 out.update(zip(rows, unpad(logprobs_BT, part), strict=False))
+        release_freed_heap()
         return out
 
     def partial_pass(self, data: Sequence[Datum], loss_fn: str, config: LossConfig,
@@ -164,6 +166,7 @@ class TorchBackend:
                 result.entropy_N.append(self._entropy(logits_BTV.detach())[picked].cpu())
             result.logprobs.update(zip(rows, unpad(logprobs_BT.detach(), part), strict=True))
             del logits_BTV, loss
+        release_freed_heap()
         return result
 
     def optim_step(self, adam: AdamParams) -> OptimStepOutput:
