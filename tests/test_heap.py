@@ -16,7 +16,7 @@ from skyrl_agent.trainers.torch_backend import TorchBackend
 # In a fresh process: 3,200 touched 64 KB blocks from the heap (under glibc's mmap threshold),
 # one small block above them so the heap's top cannot shrink, then the blocks freed.
 FRAGMENTED_HEAP = """
-import ctypes, ctypes.util, sys
+import ctypes, ctypes.util
 from skyrl_agent.trainers.heap import release_freed_heap
 libc = ctypes.CDLL(ctypes.util.find_library("c"))
 libc.malloc.restype = ctypes.c_void_p
