@@ -79,15 +79,18 @@ class Stage:
     seconds: float
     load_before: float
     load_after: float
+    finished: bool = True
+    """False for a stage stopped part-way: `seconds` is the work so far, and the pass that
+    finishes the stage adds its own part."""
 
 
 @dataclass
 class Stages:
-    """Every stage's wall-clock, kept in the output folder as each one ends: a resumed run
-    reports the pass that did a stage's work, not the moment it took to skip it."""
+    """Every stage's wall-clock, kept in the output folder as each one ends or is stopped: a
+    resumed stage reports the work of every pass, a skipped one not the moment it took to skip."""
 
     path: Path
-    done: dict[str, Stage] = field(default_factory=dict)
+    recorded: dict[str, Stage] = field(default_factory=dict)
 
     @classmethod
     def load(cls, path: Path) -> Stages:
@@ -95,21 +98,28 @@ class Stages:
         return cls(path, {name: Stage(**stage) for name, stage in stored.items()})
 
     def record(self, name: str, stage: Stage) -> None:
-        self.done[name] = stage
+        self.recorded[name] = stage
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text(json.dumps({k: asdict(v) for k, v in self.done.items()}, indent=1))
+        self.path.write_text(json.dumps({k: asdict(v) for k, v in self.recorded.items()}, indent=1))
 
 
 def timed(stages: Stages, name: str, work):
-    load = os.getloadavg()[0]
-    started = time.monotonic()
-    result = work()
-    if name in stages.done:
+    earlier = stages.recorded.get(name)
+    if earlier is not None and earlier.finished:
+        result = work()  # the stage finds its stored output and returns it
         print(f"  {name}: done in an earlier pass", flush=True)
         return result
-    stages.record(name, Stage(time.monotonic() - started, load, os.getloadavg()[0]))
-    print(f"  {name}: {stages.done[name].seconds:.0f} s (load {load:.1f} -> "
-          f"{stages.done[name].load_after:.1f})", flush=True)
+    so_far, load = (earlier.seconds, earlier.load_before) if earlier else (0.0, os.getloadavg()[0])
+    started = time.monotonic()
+    try:
+        result = work()
+    except BaseException:  # stopped: keep the part done, so the resumed stage reports it all
+        stages.record(name, Stage(so_far + time.monotonic() - started, load,
+                                  os.getloadavg()[0], finished=False))
+        raise
+    stages.record(name, Stage(so_far + time.monotonic() - started, load, os.getloadavg()[0]))
+    print(f"  {name}: {stages.recorded[name].seconds:.0f} s (load {load:.1f} -> "
+          f"{stages.recorded[name].load_after:.1f})", flush=True)
     return result
 
 
@@ -271,16 +281,16 @@ def write_report(path: Path, args: argparse.Namespace, settings: RecipeSettings,
     """A staged benchmark's results file: the command and settings that reproduce it, `body`,
     then every stage's wall-clock; printed too."""
     script = Path(sys.argv[0]).name
-    wall = sum(stage.seconds for stage in stages.done.values())
+    wall = sum(stage.seconds for stage in stages.recorded.values())
     lines = [f"# benchmarks/{script}", "",
-             f"Command: `.venv/bin/python benchmarks/{script} {' '.join(sys.argv[1:])}`",
+             f"Command: `{' '.join(['.venv/bin/python', f'benchmarks/{script}', *sys.argv[1:]])}`",
              "", "Settings: " + ", ".join(f"{k}={v}" for k, v in asdict(settings).items()),
              f"; overrides: {' '.join(args.set)}", "",
              f"Held-out tasks: `{settings.heldout_source}`; demonstrations: "
              f"`{settings.train_source}`; RL: `{settings.rl_source}`.", "", *body, "",
              "| stage | seconds | load before | load after |", "|---|---:|---:|---:|",
              *[f"| {k} | {v.seconds:.0f} | {v.load_before:.1f} | {v.load_after:.1f} |"
-               for k, v in stages.done.items()],
+               for k, v in stages.recorded.items()],
              "", f"Wall-clock, all stages: {wall / 60:.1f} min on {os.cpu_count()} cores."]
     path.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
