@@ -110,14 +110,13 @@ def timed(stages: Stages, name: str, work):
         print(f"  {name}: done in an earlier pass", flush=True)
         return result
     so_far, load = (earlier.seconds, earlier.load_before) if earlier else (0.0, os.getloadavg()[0])
-    started = time.monotonic()
+    started, finished = time.monotonic(), False
     try:
         result = work()
-    except BaseException:  # stopped: keep the part done, so the resumed stage reports it all
+        finished = True
+    finally:  # a stopped stage keeps the part done: the pass that finishes it reports it all
         stages.record(name, Stage(so_far + time.monotonic() - started, load,
-                                  os.getloadavg()[0], finished=False))
-        raise
-    stages.record(name, Stage(so_far + time.monotonic() - started, load, os.getloadavg()[0]))
+                                  os.getloadavg()[0], finished))
     print(f"  {name}: {stages.recorded[name].seconds:.0f} s (load {load:.1f} -> "
           f"{stages.recorded[name].load_after:.1f})", flush=True)
     return result
