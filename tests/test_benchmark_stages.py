@@ -1,14 +1,28 @@
 """The staged benchmarks' wall-clock bookkeeping (benchmarks/learning_curve.py, shared by
 benchmarks/summarization.py): a stage stopped part-way and resumed reports the work of both
 passes, and a finished stage skipped on a resume keeps the time of the pass that did it."""
+import importlib.util
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
-from learning_curve import Stages, timed
+
+def _load_benchmark(name: str):
+    """Load one benchmark script without putting benchmarks/ on sys.path, where its tinker.py
+    would shadow the tinker SDK for every later test."""
+    spec = importlib.util.spec_from_file_location(
+        f"benchmark_{name}", Path(__file__).parents[1] / "benchmarks" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses resolve their annotations through it
+    spec.loader.exec_module(module)
+    return module
+
+
+_learning_curve = _load_benchmark("learning_curve")
+Stages, timed = _learning_curve.Stages, _learning_curve.timed
 
 
 def _stopped_after(seconds: float) -> None:
