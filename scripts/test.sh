@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Sets up and runs the gates (ruff, mypy, the docs) and every test tier: unit, slow, and Docker
-# (engine started here when possible). Extra arguments go to pytest, e.g.
+# Sets up and runs the gates (ruff, mypy, the docs) and every test tier: unit, slow, vLLM (its
+# venv built here) and Docker (engine started here when possible). Extra arguments go to pytest, e.g.
 # scripts/test.sh -m "not docker".
 # Tests run in SKYRL_AGENT_TEST_WORKERS parallel workers (default 2: most of a test's time is
 # spent waiting on sandboxes, servers and Docker, so two overlap well even on 2 cores); a test
 # file stays on one worker (its module fixtures start once) and tests marked `serial` run alone.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh --dev || exit $?
+bash scripts/setup.sh --dev --vllm || exit $?
+export SKYRL_AGENT_REQUIRE_VLLM=1   # the vLLM tier must run, not skip
 .venv/bin/ruff check skyrl_agent tests benchmarks scripts || exit 1
 .venv/bin/mypy || exit 1
 # The docs: reference pages as the code generates them, and the site built with --strict (a

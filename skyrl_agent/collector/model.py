@@ -67,15 +67,22 @@ def session_factory(client: Any, tokenizer: Any, settings: SessionConfig,
     return factory
 
 
-def embedded_servers(config: RunConfig, run_dir: Path) -> list[ServerProcess]:
-    """inference.num_servers embedded servers, not started yet."""
+def model_servers(config: RunConfig, run_dir: Path) -> list[ServerProcess]:
+    """inference.num_servers servers of inference.engine, not started yet."""
+    inference, count = config.inference, config.inference.num_servers
+    logs = [RunDir(run_dir).server_log_of(i, count) for i in range(count)]
+    if inference.engine == "vllm":
+        from skyrl_agent.inference.models import resolve_model
+        from skyrl_agent.inference.vllm.launch import VLLMOptions, vllm_server
+
+        options = VLLMOptions(model=str(resolve_model(inference.model)),
+                              served_model_name=inference.model, dtype=inference.dtype,
+                              kv_cache_mb=inference.kv_cache_mb)
+        return [vllm_server(options, log_path=log) for log in logs]
     from skyrl_agent.inference.process import embedded_server
 
-    count = config.inference.num_servers
-    return [embedded_server(config.inference.model, dtype=config.inference.dtype,
-                            kv_cache_mb=config.inference.kv_cache_mb,
-                            log_path=RunDir(run_dir).server_log_of(i, count))
-            for i in range(count)]
+    return [embedded_server(inference.model, dtype=inference.dtype,
+                            kv_cache_mb=inference.kv_cache_mb, log_path=log) for log in logs]
 
 
 def start_all(servers: Sequence[ServerProcess]) -> list[str]:
@@ -101,13 +108,13 @@ async def model_sessions(config: RunConfig, run_dir: Path) -> AsyncIterator[Mode
         if config.inference.endpoint:
             urls, keys = [config.inference.endpoint], [endpoint_key()]
         else:
-            servers = embedded_servers(config, run_dir)
-            log.info("starting %d embedded model server(s) (%s)", len(servers),
-                     config.inference.model)
+            servers = model_servers(config, run_dir)
+            log.info("starting %d %s model server(s) (%s)", len(servers),
+                     config.inference.engine, config.inference.model)
             urls = await asyncio.to_thread(start_all, servers)
             keys = [server.api_key for server in servers]
             save_server_keys(run_dir, urls, keys)
-            log.info("embedded model server(s) ready at %s", ", ".join(urls))
+            log.info("model server(s) ready at %s", ", ".join(urls))
         async with InferenceClient(urls, api_keys=keys,
                                    routed_experts=config.trainer.routing_replay) as client:
             settings = session_config(config, await client.max_model_len())

@@ -9,6 +9,9 @@
   callers never see the pause; requests sent during a `keep` pause simply wait on the server.
 - Control calls (pause, resume, update_weights) go to every server.
 - Each server may have its own key, sent as `Authorization: Bearer KEY` on every call.
+- A server is reached at `http://HOST:PORT` or on a Unix socket, `unix:PATH`.
+- vLLM (its model card says `owned_by: vllm`) is spoken to on its own routes
+  (inference/vllm/routes.py): generation with per-token weight versions, native weight updates.
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ from typing import Any, Protocol
 import aiohttp
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
+from skyrl_agent.inference.process import unix_socket_of
 from skyrl_agent.inference.request_body import PromptIds, completion_body, ids_text
+from skyrl_agent.inference.vllm import routes as vllm_routes
 from skyrl_agent.types import ChangedWeights, PlacedImage, RoutedExperts
 
 REMEMBERED_PROMPTS = 4096
@@ -125,9 +130,19 @@ class _Server:
     in_flight: int = 0
     policy_version: int = 0
     sessions: set[str] = field(default_factory=set)
-    swaps_live: bool | None = None
-    """Whether it stages weight updates beside decoding and swaps them in between two steps
-    (its model card says so); None until asked."""
+    card: dict[str, Any] | None = None
+    """Its first model card (None until asked): whether it is vLLM, whether it stages weight
+    updates beside decoding and swaps them in between two steps."""
+    http: aiohttp.ClientSession | None = field(default=None, repr=False)
+
+    @property
+    def base(self) -> str:
+        """What request paths are appended to (a Unix socket's server is `localhost`)."""
+        return "http://localhost" if unix_socket_of(self.url) else self.url
+
+    @property
+    def is_vllm(self) -> bool:
+        return (self.card or {}).get("owned_by") == vllm_routes.OWNER
 
 
 class InferenceClient:
@@ -153,7 +168,6 @@ class InferenceClient:
         self._routes: dict[str, _Server] = {}
         self._prompts: dict[str, PromptIds] = {}
         """Per live session, the JSON of its last prompt (only new ids are encoded)."""
-        self._session: aiohttp.ClientSession | None = None
         self._busy_s = 0.0
         self._busy_since: float | None = None
 
@@ -164,16 +178,20 @@ class InferenceClient:
         await self.close()
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        for server in self.servers:
+            if server.http is not None:
+                await server.http.close()
+                server.http = None
 
-    def _http(self) -> aiohttp.ClientSession:
-        if self._session is None:
+    def _http(self, server: _Server) -> aiohttp.ClientSession:
+        if server.http is None:
             timeout = aiohttp.ClientTimeout(total=self.request_timeout_s)
-            connector = aiohttp.TCPConnector(limit=0)  # the collector bounds concurrency itself
-            self._session = aiohttp.ClientSession(timeout=timeout, connector=connector)
-        return self._session
+            socket_path = unix_socket_of(server.url)
+            # No connection limit: the collector bounds concurrency itself.
+            connector = (aiohttp.UnixConnector(socket_path, limit=0) if socket_path
+                         else aiohttp.TCPConnector(limit=0))
+            server.http = aiohttp.ClientSession(timeout=timeout, connector=connector)
+        return server.http
 
     # ---- routing --------------------------------------------------------------------------
 
@@ -257,11 +275,21 @@ class InferenceClient:
         headers = {"Content-Type": "application/json"}
         if session_id:
             headers["X-Session-ID"] = session_id
-        data = (json.dumps(body).encode() if images
-                else completion_body(body, self._prompt_text(prompt, session_id)))
-        reply = await self._request(server, "POST", "/v1/completions", data=data,
-                                    headers=headers)
-        choice = reply["choices"][0]
+        if server.card is None:
+            await self._model_card(server)
+        if server.is_vllm:
+            data = completion_body(vllm_routes.generate_fields(body),
+                                   self._prompt_text(prompt, session_id), key="token_ids")
+            held = server.policy_version  # what its unlabelled tokens were sampled by
+            reply = await self._request(server, "POST", vllm_routes.GENERATE, data=data,
+                                        headers=headers)
+            choice = vllm_routes.completion_choice(reply["choices"][0], held)
+        else:
+            data = (json.dumps(body).encode() if images
+                    else completion_body(body, self._prompt_text(prompt, session_id)))
+            reply = await self._request(server, "POST", "/v1/completions", data=data,
+                                        headers=headers)
+            choice = reply["choices"][0]
         cached = (reply.get("usage") or {}).get("prompt_tokens_details") or {}
         return choice, int(cached.get("cached_tokens") or 0)
 
@@ -321,14 +349,18 @@ class InferenceClient:
     async def _update_one(self, server: _Server, body: dict[str, Any]) -> Any:
         """One server's update: as it is where the server swaps weights live, else between a
         pause(keep) and a resume (vLLM: its load must not run beside decoding)."""
-        if server.swaps_live is None:
-            card = await self._model_card(server)
-            server.swaps_live = card.get("weight_swap") == "live"
-        if server.swaps_live:
+        card = server.card if server.card is not None else await self._model_card(server)
+        if card.get("weight_swap") == "live":
             return await self._request(server, "POST", "/update_weights", json=body)
         await self._request(server, "POST", "/pause", params={"mode": "keep"})
         try:
-            return await self._request(server, "POST", "/update_weights", json=body)
+            if not server.is_vllm:
+                return await self._request(server, "POST", "/update_weights", json=body)
+            started = time.perf_counter()
+            await vllm_routes.update_weights(
+                lambda *args, **kwargs: self._request(server, *args, **kwargs),
+                body["path"], body["version"], _changed_names(body, server.policy_version))
+            return {"seconds": time.perf_counter() - started}
         finally:
             await self._request(server, "POST", "/resume")
 
@@ -341,8 +373,14 @@ class InferenceClient:
 
     async def _model_card(self, server: _Server) -> dict[str, Any]:
         """The first model card a server lists on /v1/models ({} when it lists none)."""
-        cards = (await self._request(server, "GET", "/v1/models")).get("data") or []
-        return cards[0] if cards and isinstance(cards[0], dict) else {}
+        try:
+            cards = (await self._request(server, "GET", "/v1/models")).get("data") or []
+        except InferenceError as error:  # a server without model cards: nothing to learn
+            if error.status != 404:
+                raise
+            cards = []
+        server.card = cards[0] if cards and isinstance(cards[0], dict) else {}
+        return server.card
 
     async def health(self) -> bool:
         try:
@@ -382,7 +420,7 @@ class InferenceClient:
         if server.api_key:
             kwargs["headers"] = {**(kwargs.get("headers") or {}),
                                  "Authorization": f"Bearer {server.api_key}"}
-        async with self._http().request(method, server.url + path, **kwargs) as response:
+        async with self._http(server).request(method, server.base + path, **kwargs) as response:
             if response.status in (502, 503, 504):
                 raise _Retryable(response.status, await response.text())
             if response.status >= 400:
@@ -390,6 +428,14 @@ class InferenceClient:
             if response.content_type == "application/json":
                 return await response.json()
             return {}
+
+
+def _changed_names(body: dict[str, Any], held_version: int) -> list[str] | None:
+    """The tensors an update must load on a server that holds `held_version` (None: all)."""
+    changed = body.get("changed")
+    if changed is None or changed["since_version"] != held_version:
+        return None
+    return list(changed["rows"])
 
 
 async def _error_message(response: aiohttp.ClientResponse) -> str:

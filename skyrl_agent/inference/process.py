@@ -8,6 +8,7 @@ holding memory behind.
 from __future__ import annotations
 
 import ctypes
+import http.client
 import json
 import os
 import selectors
@@ -162,13 +163,35 @@ def _ready_url(line: bytes) -> str | None:
 
 
 def _healthy(url: str) -> bool:
-    import urllib.request
-
+    """Whether GET /health answers 200 at `url` (http://HOST:PORT or unix:SOCKET)."""
+    socket_path = unix_socket_of(url)
+    connection = (_UnixConnection(socket_path) if socket_path
+                  else http.client.HTTPConnection(url.removeprefix("http://"), timeout=2))
     try:
-        with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
-            return response.status == 200
+        connection.request("GET", "/health")
+        return connection.getresponse().status == 200
     except OSError:
         return False
+    finally:
+        connection.close()
+
+
+def unix_socket_of(url: str) -> str | None:
+    """The socket path of a `unix:PATH` server URL, None for an HTTP one."""
+    return url.removeprefix("unix:") if url.startswith("unix:") else None
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, socket_path: str) -> None:
+        super().__init__("localhost", timeout=2)
+        self.socket_path = socket_path
+
+    def connect(self) -> None:
+        import socket
+
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(2)
+        self.sock.connect(self.socket_path)
 
 
 MALLOC_MMAP_THRESHOLD = 128 * 1024

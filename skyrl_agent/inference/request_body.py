@@ -39,7 +39,8 @@ class PromptIds:
         return text
 
 
-def completion_body(fields: dict[str, Any], prompt_text: str) -> bytes:
-    """A `/v1/completions` body: `fields` plus `"prompt": [prompt_text]`."""
+def completion_body(fields: dict[str, Any], prompt_text: str, key: str = "prompt") -> bytes:
+    """A request body: `fields` plus `"KEY": [prompt_text]` (`prompt` for `/v1/completions`,
+    `token_ids` for vLLM's `/inference/v1/generate`)."""
     head = json.dumps(fields, separators=_COMPACT)[:-1]
-    return f'{head}{"," if fields else ""}"prompt":[{prompt_text}]}}'.encode()
+    return f'{head}{"," if fields else ""}"{key}":[{prompt_text}]}}'.encode()

@@ -104,7 +104,7 @@ class TrainJob:
 
     def _where(self) -> str:
         servers = "an endpoint" if self.config.inference.endpoint else \
-            f"{self.config.inference.num_servers} embedded server(s)"
+            f"{self.config.inference.num_servers} {self.config.inference.engine} server(s)"
         ray = self.config.ray
         if ray.address is None:
             return f"one process: {servers}"

