@@ -275,8 +275,7 @@ class InferenceClient:
         headers = {"Content-Type": "application/json"}
         if session_id:
             headers["X-Session-ID"] = session_id
-        if server.card is None:
-            await self._model_card(server)
+        await self._known_card(server)
         if server.is_vllm:
             data = completion_body(vllm_routes.generate_fields(body),
                                    self._prompt_text(prompt, session_id), key="token_ids")
@@ -349,8 +348,7 @@ class InferenceClient:
     async def _update_one(self, server: _Server, body: dict[str, Any]) -> Any:
         """One server's update: as it is where the server swaps weights live, else between a
         pause(keep) and a resume (vLLM: its load must not run beside decoding)."""
-        card = server.card if server.card is not None else await self._model_card(server)
-        if card.get("weight_swap") == "live":
+        if (await self._known_card(server)).get("weight_swap") == "live":
             return await self._request(server, "POST", "/update_weights", json=body)
         await self._request(server, "POST", "/pause", params={"mode": "keep"})
         try:
@@ -370,6 +368,10 @@ class InferenceClient:
         lengths = [card.get("max_model_len") for card in cards]
         known = [n for n in lengths if isinstance(n, int) and n > 0]
         return min(known) if known else None
+
+    async def _known_card(self, server: _Server) -> dict[str, Any]:
+        """The server's model card, asked for once (what it is does not change)."""
+        return server.card if server.card is not None else await self._model_card(server)
 
     async def _model_card(self, server: _Server) -> dict[str, Any]:
         """The first model card a server lists on /v1/models ({} when it lists none)."""
