@@ -365,14 +365,6 @@ class RunConfig(_Section):
                 "agent": {"max_turns": budgets.max_turns,
                           "max_context_tokens": budgets.max_context_tokens, **agent}}
 
-    @model_validator(mode="after")
-    def _engine_fits_the_placement(self) -> RunConfig:
-        if self.inference.engine == "vllm" and self.ray.address and not self.inference.endpoint:
-            raise ValueError("inference.engine=vllm is not started on Ray yet (its server actors "
-                             "are embedded servers): run without --ray, or start vLLM yourself "
-                             "and give its URL as inference.endpoint")
-        return self
-
 
 def _read_file(path: Path) -> dict[str, Any]:
     if not path.is_file():

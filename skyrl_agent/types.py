@@ -259,6 +259,11 @@ class Turn:
     token_policy_versions: tuple[int, ...] | None = None
     """Per sampled token, the weight version that sampled it (differs within a turn when
     weights were updated mid-generation); `policy_version` is the oldest of them."""
+    versions_exact: bool = False
+    """True when the server recomputed the turn's KV cache under the new weights at each
+    update (vLLM, whose pause clears its cache), so every token was sampled by its version's
+    weights alone; False (the embedded server) when tokens after an update continued on a cache
+    the older weights wrote."""
     images: tuple[PlacedImage, ...] = ()
     """Vision models: every image in `prompt_ids` (earlier turns' too), over its span of
     image tokens, in order."""

@@ -50,7 +50,9 @@ def test_a_summarized_trajectory_is_two_sequences_trained_exactly_on_its_sampled
     assert second.model_input == (8, 9, 10)
     assert second.loss_fn_inputs["weights"] == (0, 1, 1)
     assert second.loss_fn_inputs["logprobs"] == (0, -0.5, -0.6)
-    assert second.loss_fn_inputs["policy_versions"] == (0, 1, 2)
+    # The update came mid-turn on a server that kept the old weights' KV cache: the token after
+    # it was sampled by neither version alone.
+    assert second.loss_fn_inputs["policy_versions"] == (0, 1, -1)
 
 
 def test_packing_reads_each_token_once():
@@ -127,14 +129,20 @@ def test_a_datum_rejects_misaligned_arrays():
     assert pack_turns([turn([1], [], [], 0)], 1.0) is None
 
 
-def test_agreement_counts_only_turns_sampled_wholly_by_the_current_weights():
+def test_agreement_counts_tokens_their_version_alone_sampled():
+    """A turn that crossed an update on a server keeping its old KV cache (the embedded one)
+    counts only up to the update; one whose server re-prefilled (vLLM) counts per token."""
+    import dataclasses
+
     from skyrl_agent.trainers.passes import sampled_by
 
-    # Turn 1 all version 2; turn 2 crosses an update from 1 to 2; turn 3 all version 1.
-    datum = Datum((0,) * 9, {"target_tokens": (1,) * 9,
-                             "weights": (0, 1, 1, 0, 1, 1, 0, 1, 1),
-                             "policy_versions": (0, 2, 2, 0, 1, 2, 0, 1, 1)})
-    assert sampled_by([datum], 2)[0].tolist() == [
-        False, True, True, False, False, False, False, False, False]
-    assert sampled_by([datum], 1)[0].tolist() == [
-        False, False, False, False, True, False, False, True, True]
+    kept = turn([0], [1, 1, 1], [-0.1] * 3, 1, versions=(1, 2, 2))
+    recomputed = dataclasses.replace(kept, versions_exact=True)
+    whole = turn([0], [1, 1], [-0.1] * 2, 2, versions=(2, 2))
+    data = [pack_turns([t], 1.0) for t in (kept, recomputed, whole)]
+    packed = [d for d in data if d is not None]
+    assert [d.loss_fn_inputs["policy_versions"] for d in packed] == [
+        (1, -1, -1), (1, 2, 2), (2, 2)]
+    assert sampled_by(packed, 2).tolist() == [[False, False, False], [False, True, True],
+                                              [True, True, False]]
+    assert sampled_by(packed, 1)[0].tolist() == [True, False, False]

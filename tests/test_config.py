@@ -41,7 +41,6 @@ def test_overrides_apply_in_order_and_coerce_types(tmp_path):
     (["sandbox.warm_pool=-1"], "sandbox.warm_pool"),
     (["inference.backend=vllm"], "inference.backend: unknown key"),
     (["inference.engine=sglang"], "inference.engine"),
-    (["inference.engine=vllm", "ray.address=local"], "inference.engine=vllm is not started on Ray"),
     (["collector.n_samples_per_task=0"], "n_samples_per_task"),
     (["justtext"], "section.key=value"),
 ])

@@ -5,7 +5,6 @@ started by the project's launcher and driven by the project's client. One server
 from __future__ import annotations
 
 import asyncio
-import math
 import os
 import socket
 import subprocess
@@ -53,6 +52,13 @@ def chat_ids(tokenizer, question: str) -> list[int]:
     text = tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
                                          add_generation_prompt=True)
     return tokenizer.encode(text, add_special_tokens=False)
+
+
+def save_whole(model, path: Path) -> None:
+    """Every tensor of `model` (the tied output layer once) into a safetensors file."""
+    tensors = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()
+               if name != "lm_head.weight"}
+    save_file(tensors, path)
 
 
 def client_of(server) -> InferenceClient:
@@ -107,15 +113,19 @@ async def _generated_tokens(server) -> float:
 async def test_an_update_under_load_drops_nothing_and_versions_every_token(served, reference,
                                                                            weights_dir):
     """Four generations in flight while new weights arrive (pause keep -> vLLM's native
-    update routes with our file backend -> resume): all finish at full length, the tokens
-    after the update carry the new version and the new weights' logprobs."""
+    update routes with our file backend -> resume): all finish at full length, and every
+    token is its version's sample exactly: the tokens after the update match the new weights
+    teacher-forced over the whole sequence, so vLLM prefilled them again (clear_cache) rather
+    than continuing on the old weights' KV cache. Stops: a kept cache, unversioned tokens."""
+    import copy
+
     model, tokenizer = reference
-    original = model.state_dict()["model.norm.weight"].clone()
-    zero_norm = weights_dir / "zero-norm.safetensors"  # a uniform next-token distribution
-    save_file({"model.norm.weight": torch.zeros_like(original)}, zero_norm)
-    restore = weights_dir / "restore.safetensors"
-    save_file({"model.norm.weight": original}, restore)
-    uniform = -math.log(len(tokenizer))
+    updated = copy.deepcopy(model)
+    # Layer 0's values: every later position's KV cache depends on them.
+    updated.state_dict()["model.layers.0.self_attn.v_proj.weight"].mul_(3.0)
+    changed, restore = weights_dir / "changed.safetensors", weights_dir / "restore.safetensors"
+    save_whole(updated, changed)  # whole files, as the trainer writes them
+    save_whole(model, restore)
     prompts = [chat_ids(tokenizer, f"Tell a long story about dragon number {i}.")
                for i in range(4)]
     sampling = Sampling(max_tokens=96, temperature=1.0, ignore_eos=True)
@@ -127,23 +137,27 @@ async def test_an_update_under_load_drops_nothing_and_versions_every_token(serve
             if await _generated_tokens(served) >= base + 4 * 8:
                 break
             await asyncio.sleep(0.05)
-        seconds = await client.update_weights(str(zero_norm), 1)
+        seconds = await client.update_weights(str(changed), 1)
         outputs = await asyncio.gather(*tasks)
         fresh = await client.complete(prompts[0], Sampling(max_tokens=8))
         await client.update_weights(str(restore), 2)
         restored = await client.complete(prompts[0], Sampling(max_tokens=8))
     assert seconds[0] > 0
     mixed = 0
-    for out in outputs:
+    for prompt, out in zip(prompts, outputs, strict=True):
         versions = out.token_policy_versions
-        assert len(out.token_ids) == 96 and len(versions) == 96
+        assert len(out.token_ids) == 96 and len(versions) == 96 and out.versions_exact
         assert list(versions) == sorted(versions) and set(versions) <= {0, 1}
-        for version, logprob in zip(versions, out.logprobs, strict=True):
-            assert (abs(logprob - uniform) < 1e-3) == (version == 1)
+        old = teacher_forced_logprobs(model, prompt, out.token_ids)
+        new = teacher_forced_logprobs(updated, prompt, out.token_ids)
+        for version, logprob, before, after in zip(versions, out.logprobs, old, new,
+                                                   strict=True):
+            assert abs(logprob - (after if version else before)) < 1e-3, version
         mixed += 0 in versions and 1 in versions
     assert mixed >= 1, "no generation spanned the weight update"
     assert fresh.token_policy_versions == (1,) * 8
-    assert max(abs(lp - uniform) for lp in fresh.logprobs) < 1e-3
+    assert max_abs_diff(fresh.logprobs, teacher_forced_logprobs(
+        updated, prompts[0], fresh.token_ids)) < 1e-3
     assert restored.token_policy_versions == (2,) * 8
     assert max_abs_diff(restored.logprobs, teacher_forced_logprobs(
         model, prompts[0], restored.token_ids)) < 1e-3

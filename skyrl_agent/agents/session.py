@@ -297,6 +297,7 @@ class LLMSession:
             else FinishReason.LENGTH,
             started_at=started, latency_s=completion.latency_s,
             token_policy_versions=completion.token_policy_versions,
+            versions_exact=completion.versions_exact,
             routed_experts=_new_routing(turns, prompt.ids, completion), images=prompt.images))
         return completion
 

@@ -39,6 +39,9 @@ def tinker_serve(
         min=1, help="megatron: ranks each model's layers are split over.")] = 1,
     max_batch_size: Annotated[int, typer.Option(
         min=1, help="Sequences each sampler decodes together.")] = 32,
+    engine: Annotated[str, typer.Option(
+        help="What samples: embedded (the project's server) or vllm (bash scripts/setup.sh "
+             "--vllm installs it).")] = "embedded",
     api_key: Annotated[str | None, typer.Option(
         envvar=KEY_ENV, show_envvar=True, show_default=False,
         help="The key every request must carry (starts with tml-; prefer the environment "
@@ -60,11 +63,12 @@ def tinker_serve(
         raise ConfigError(f"--api-key must start with {TINKER_KEY_PREFIX} (the tinker SDK "
                           "refuses other keys)")
     _check_backend(backend, data_parallel, tensor_parallel)
+    _check_engine(engine)
     options = ServiceOptions(data_dir=data_dir or cache_dir() / "tinker",
                              models=tuple(model or ["smollm2-135m"]),
                              micro_batch_tokens=micro_batch_tokens, backend=backend,
                              data_parallel=data_parallel, tensor_parallel=tensor_parallel,
-                             max_batch_size=max_batch_size)
+                             max_batch_size=max_batch_size, engine=engine)
     BaseModels(list(options.models))  # bad names fail here, before torch is imported
     tenants = tenant or []
     for index, name in enumerate(tenants):
@@ -75,6 +79,18 @@ def tinker_serve(
     from skyrl_agent.tinker.server import run
 
     run(options, keys, host, port)
+
+
+def _check_engine(engine: str) -> None:
+    from skyrl_agent.errors import ConfigError
+
+    if engine not in ("embedded", "vllm"):
+        raise ConfigError(f"--engine {engine!r}: embedded or vllm")
+    if engine == "vllm":
+        from skyrl_agent.inference.vllm.launch import vllm_available
+
+        if (why := vllm_available()) is not None:
+            raise ConfigError(f"--engine vllm: {why}")
 
 
 def _check_backend(backend: str, data_parallel: int, tensor_parallel: int) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 from skyrl_agent.agents.base import Agent
 from skyrl_agent.agents.session import LLMSession, SessionConfig
 from skyrl_agent.collector.rollout import SessionFactory
-from skyrl_agent.config import RunConfig
+from skyrl_agent.config import InferenceConfig, RunConfig
 from skyrl_agent.data.run_dir import RunDir
 from skyrl_agent.errors import RunStopped
 from skyrl_agent.inference.auth import endpoint_key, save_server_keys
@@ -69,8 +69,14 @@ def session_factory(client: Any, tokenizer: Any, settings: SessionConfig,
 
 def model_servers(config: RunConfig, run_dir: Path) -> list[ServerProcess]:
     """inference.num_servers servers of inference.engine, not started yet."""
-    inference, count = config.inference, config.inference.num_servers
-    logs = [RunDir(run_dir).server_log_of(i, count) for i in range(count)]
+    count = config.inference.num_servers
+    return [model_server(config.inference, RunDir(run_dir).server_log_of(i, count))
+            for i in range(count)]
+
+
+def model_server(inference: InferenceConfig, log_path: Path) -> ServerProcess:
+    """One server of inference.engine for inference.model, not started yet (what both
+    placements start: this process's subprocess, or a Ray server actor's)."""
     if inference.engine == "vllm":
         from skyrl_agent.inference.models import resolve_model
         from skyrl_agent.inference.vllm.launch import VLLMOptions, vllm_server
@@ -78,11 +84,11 @@ def model_servers(config: RunConfig, run_dir: Path) -> list[ServerProcess]:
         options = VLLMOptions(model=str(resolve_model(inference.model)),
                               served_model_name=inference.model, dtype=inference.dtype,
                               kv_cache_mb=inference.kv_cache_mb)
-        return [vllm_server(options, log_path=log) for log in logs]
+        return vllm_server(options, log_path=log_path)
     from skyrl_agent.inference.process import embedded_server
 
-    return [embedded_server(inference.model, dtype=inference.dtype,
-                            kv_cache_mb=inference.kv_cache_mb, log_path=log) for log in logs]
+    return embedded_server(inference.model, dtype=inference.dtype,
+                           kv_cache_mb=inference.kv_cache_mb, log_path=log_path)
 
 
 def start_all(servers: Sequence[ServerProcess]) -> list[str]:

@@ -52,6 +52,7 @@ TURN = pa.struct([
     ("loss_mask", pa.list_(pa.int8())),
     ("policy_version", pa.int64()),
     ("token_policy_versions", pa.list_(pa.int64())),
+    ("versions_exact", pa.bool_()),
     ("finish_reason", pa.string()),
     ("started_at", pa.float64()),
     ("latency_s", pa.float64()),
@@ -115,6 +116,7 @@ def _turn_row(turn: Turn, shared: int, shared_images: int) -> dict[str, Any]:
         "policy_version": turn.policy_version,
         "token_policy_versions": None if turn.token_policy_versions is None
         else list(turn.token_policy_versions),
+        "versions_exact": turn.versions_exact,
         "finish_reason": turn.finish_reason.value, "started_at": turn.started_at,
         "latency_s": turn.latency_s,
         "routed_experts": None if turn.routed_experts is None else {
@@ -181,7 +183,8 @@ def _turn(row: dict[str, Any], shared: tuple[int, ...],
         finish_reason=FinishReason(row["finish_reason"]), started_at=row["started_at"],
         latency_s=row["latency_s"],
         routed_experts=_routed_experts(experts),
-        token_policy_versions=None if versions is None else tuple(versions))
+        token_policy_versions=None if versions is None else tuple(versions),
+        versions_exact=bool(row.get("versions_exact")))  # shards before it: False
 
 
 def _routed_experts(value: Any) -> RoutedExperts | None:

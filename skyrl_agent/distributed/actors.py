@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 from skyrl_agent.agents.base import Agent
 from skyrl_agent.agents.session import SessionConfig
 from skyrl_agent.collector.collector import Collector
-from skyrl_agent.collector.model import session_factory
-from skyrl_agent.config import RunConfig
+from skyrl_agent.collector.model import model_server, session_factory
+from skyrl_agent.config import InferenceConfig, RunConfig
 from skyrl_agent.data.store import StoreContents, TrajectoryStore
 from skyrl_agent.inference.client import Completion, InferenceClient, Sampling
-from skyrl_agent.inference.process import ServerProcess, embedded_server
+from skyrl_agent.inference.process import ServerProcess
 from skyrl_agent.inference.vision import ImageInputs
 from skyrl_agent.tasks.model import TaskSpec
 from skyrl_agent.types import ChangedWeights, PlacedImage, Trajectory, TrajectoryGroup
@@ -38,12 +38,12 @@ if TYPE_CHECKING:  # only the trainer actor's process needs torch
 
 
 class ServerActor:
-    """One embedded model server, a subprocess of this actor (it dies with the actor)."""
+    """One model server of inference.engine, a subprocess of this actor (it dies with the
+    actor). Placed on the driver's node, with the router: a vLLM server's Unix socket is
+    reachable on its own machine only."""
 
-    def __init__(self, model: str, log_path: Path, dtype: str = "float32",
-                 kv_cache_mb: float | None = None) -> None:
-        self.server: ServerProcess = embedded_server(model, log_path=log_path, dtype=dtype,
-                                                     kv_cache_mb=kv_cache_mb)
+    def __init__(self, inference: InferenceConfig, log_path: Path) -> None:
+        self.server: ServerProcess = model_server(inference, log_path)
 
     def start(self) -> str:
         return self.server.start()

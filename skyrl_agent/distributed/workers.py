@@ -253,10 +253,8 @@ class _Actors:
         keys = [endpoint_key()] if urls else []
         if not urls:
             count = config.inference.num_servers
-            self.servers = [self.spawn(ServerActor, placed.server_cpus, here,
-                                       config.inference.model,
-                                       RunDir(run_dir).server_log_of(i, count),
-                                       config.inference.dtype, config.inference.kv_cache_mb)
+            self.servers = [self.spawn(ServerActor, placed.server_cpus, here, config.inference,
+                                       RunDir(run_dir).server_log_of(i, count))
                             for i in range(count)]
             try:
                 urls = list(await asyncio.gather(*[s.start.remote() for s in self.servers]))

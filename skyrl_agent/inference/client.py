@@ -86,6 +86,8 @@ class Completion:
     routed_experts: RoutedExperts | None = None
     """MoE models, when the client asks for routing: the experts chosen at every position the
     model ran on (the prompt, then each sampled token but the last)."""
+    versions_exact: bool = False
+    """Each token was sampled by its version's weights alone (see Turn.versions_exact)."""
 
     @property
     def policy_version(self) -> int:
@@ -225,6 +227,7 @@ class InferenceClient:
         logprobs: list[float] = []
         versions: list[int] = []
         texts: list[str] = []
+        exact = True
         self._count_in(server)
         try:
             while True:
@@ -237,6 +240,7 @@ class InferenceClient:
                 logprobs += choice["logprobs"]["token_logprobs"] if new_ids else []
                 versions += choice.get("token_policy_versions") or [
                     choice.get("policy_version", server.policy_version)] * len(new_ids)
+                exact = exact and bool(choice.get("versions_exact"))
                 if choice["finish_reason"] != "abort" or len(ids) >= sampling.max_tokens:
                     break
                 await self._wait_until_resumed(server)  # continue from the partial output
@@ -248,7 +252,8 @@ class InferenceClient:
         return Completion(tuple(ids), tuple(logprobs), tuple(versions), finish,
                           "".join(texts), server.url, cached,
                           time.monotonic() - started,
-                          None if routing is None else RoutedExperts.from_json(routing))
+                          None if routing is None else RoutedExperts.from_json(routing),
+                          exact)
 
     async def _complete_once(self, server: _Server, prompt: list[int], sampling: Sampling,
                              max_tokens: int, session_id: str | None,
@@ -350,14 +355,15 @@ class InferenceClient:
         pause(keep) and a resume (vLLM: its load must not run beside decoding)."""
         if (await self._known_card(server)).get("weight_swap") == "live":
             return await self._request(server, "POST", "/update_weights", json=body)
-        await self._request(server, "POST", "/pause", params={"mode": "keep"})
+        await self._request(server, "POST", "/pause",
+                            params=vllm_routes.PAUSE if server.is_vllm else {"mode": "keep"})
         try:
             if not server.is_vllm:
                 return await self._request(server, "POST", "/update_weights", json=body)
             started = time.perf_counter()
             await vllm_routes.update_weights(
                 lambda *args, **kwargs: self._request(server, *args, **kwargs),
-                body["path"], body["version"], _changed_names(body, server.policy_version))
+                body["path"], body["version"])
             return {"seconds": time.perf_counter() - started}
         finally:
             await self._request(server, "POST", "/resume")
@@ -430,14 +436,6 @@ class InferenceClient:
             if response.content_type == "application/json":
                 return await response.json()
             return {}
-
-
-def _changed_names(body: dict[str, Any], held_version: int) -> list[str] | None:
-    """The tensors an update must load on a server that holds `held_version` (None: all)."""
-    changed = body.get("changed")
-    if changed is None or changed["since_version"] != held_version:
-        return None
-    return list(changed["rows"])
 
 
 async def _error_message(response: aiohttp.ClientResponse) -> str:

@@ -29,7 +29,9 @@ class ServiceOptions:
     tensor_parallel: int = 1
     """Ranks of a sharded backend (as trainer.data_parallel and trainer.tensor_parallel)."""
     max_batch_size: int = 32
-    """Sequences each sampler decodes together."""
+    """Sequences each sampler decodes together (the embedded engine)."""
+    engine: str = "embedded"
+    """What samples: `embedded` (the project's server) or `vllm` (as inference.engine)."""
     poll_s: float = 30.0
     """How long retrieve_future holds a request open before answering try_again."""
 

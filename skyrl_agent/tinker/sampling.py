@@ -1,5 +1,5 @@
-"""Sampling: one embedded inference server per base model, loaded with exactly the weights a
-sampling session names.
+"""Sampling: one inference server (embedded or vLLM) per base model, loaded with exactly the
+weights a sampling session names.
 
 Several sampling sessions (base weights, different sampler checkpoints) share their base
 model's one server; the server holds one set of weights at a time. A `WeightsGate` lets every
@@ -111,8 +111,9 @@ class Sampler:
     """The sampling side of one base model."""
 
     def __init__(self, base: BaseInfo, executor: Executor, max_batch_size: int = 32,
-                 log_dir: Path | None = None) -> None:
+                 log_dir: Path | None = None, engine: str = "embedded") -> None:
         self.base = base
+        self.engine = engine
         self.executor = executor
         self.max_batch_size = max_batch_size
         self.log_dir = log_dir
@@ -166,14 +167,22 @@ class Sampler:
             if self._client is None:
                 log_path = self.log_dir / f"sampler-{_safe(self.base.name)}.log" \
                     if self.log_dir else None
-                process = embedded_server(str(self.base.folder),
-                                          max_batch_size=self.max_batch_size, log_path=log_path,
-                                          weights_dirs=self._weights_dirs())
+                process = self._server(log_path)
                 url = await asyncio.to_thread(process.start)
                 self._process = process
                 self._client = InferenceClient([url], api_keys=[process.api_key])
                 log.info("sampler for %s at %s", self.base.name, url)
             return self._client
+
+    def _server(self, log_path: Path | None) -> ServerProcess:
+        if self.engine == "vllm":
+            from skyrl_agent.inference.vllm.launch import VLLMOptions, vllm_server
+
+            return vllm_server(VLLMOptions(model=str(self.base.folder),
+                                           weight_folders=tuple(self._weights_dirs())),
+                               log_path=log_path)
+        return embedded_server(str(self.base.folder), max_batch_size=self.max_batch_size,
+                               log_path=log_path, weights_dirs=self._weights_dirs())
 
     def _weights_dirs(self) -> list[Path]:
         """What the server may load: sampler weights under the data dir, and the base model's

@@ -197,7 +197,7 @@ class TinkerService:
         sampling = _sampling(request.sampling_params)
         if base.name not in self.samplers:
             self.samplers[base.name] = Sampler(base, self.executor, self.options.max_batch_size,
-                                               self.options.data_dir)
+                                               self.options.data_dir, self.options.engine)
         sampler = self.samplers[base.name]
         weights = Path(ref.weights) if ref.weights else None
 

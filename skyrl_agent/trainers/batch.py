@@ -23,6 +23,9 @@ from skyrl_agent.trainers.algorithms import compute_advantages
 from skyrl_agent.trainers.backend import Datum
 from skyrl_agent.types import Segment, Trajectory, TrajectoryGroup, Turn
 
+NO_VERSION = -1
+"""A sampled token's version where no one version's weights gave its distribution."""
+
 
 def consistent_runs(segment: Segment) -> list[tuple[Turn, ...]]:
     """The segment's turns, split wherever a prompt does not extend the history before it.
@@ -50,7 +53,7 @@ def pack_turns(turns: Sequence[Turn], advantage: float) -> Datum | None:
     versions = [0.0] * length
     for turn in turns:
         start = len(turn.prompt_ids)
-        per_token = turn.token_policy_versions or (turn.policy_version,) * len(turn.completion_ids)
+        per_token = sampling_versions(turn)
         for offset, (mask, logprob, version) in enumerate(
                 zip(turn.loss_mask, turn.completion_logprobs, per_token, strict=True)):
             weights[start + offset] = float(mask)
@@ -67,6 +70,18 @@ def pack_turns(turns: Sequence[Turn], advantage: float) -> Datum | None:
         "advantages": tuple(advantage * w for w in weights[1:]),
         "policy_versions": tuple(versions[1:]),
     })
+
+
+def sampling_versions(turn: Turn) -> tuple[int, ...]:
+    """Per sampled token, the weight version whose weights alone gave its distribution; -1
+    (none) after an update inside a turn whose server kept the older weights' KV cache. What
+    the trainer's agreement check compares against (trainers.passes.sampled_by)."""
+    versions = turn.token_policy_versions or (turn.policy_version,) * len(turn.completion_ids)
+    if turn.versions_exact or not versions:
+        return tuple(versions)
+    first = versions[0]
+    changed = next((i for i, v in enumerate(versions) if v != first), len(versions))
+    return (*versions[:changed], *(NO_VERSION,) * (len(versions) - changed))
 
 
 def routing_of(turns: Sequence[Turn], positions: int) -> np.ndarray | None:

@@ -172,21 +172,17 @@ def stack_routing(data: Sequence[Datum], rows: int, width: int) -> torch.Tensor 
 
 
 def sampled_by(data: Sequence[Datum], version: int) -> torch.Tensor:
-    """[B, T]: True where a sampled token came from `version` with no older token before it in
-    its turn. A turn that spans a weight update continues on a KV cache the old weights wrote,
-    so even its newer tokens are not exactly the new policy's: agreement leaves them out."""
+    """[B, T]: True where `version`'s weights alone sampled the token (its datum's
+    `policy_versions`, see trainers.batch.sampling_versions): what agreement compares."""
     width = max(len(d.model_input) for d in data)
     out = torch.zeros(len(data), width, dtype=torch.bool)
     for row, datum in enumerate(data):
-        weights = datum.array("weights")
+        weights = torch.tensor(datum.array("weights"))
         versions = datum.loss_fn_inputs.get("policy_versions")
-        clean = True
-        for i, weight in enumerate(weights):
-            if not weight:
-                clean = True  # a turn's sampled tokens are contiguous; a gap starts the next
-                continue
-            clean = clean and (versions is None or versions[i] == version)
-            out[row, i] = clean
+        sampled = weights != 0
+        if versions is not None:
+            sampled &= torch.tensor(versions) == version
+        out[row, : len(weights)] = sampled
     return out
 
 

@@ -22,6 +22,12 @@ OWNER = "vllm"
 _NOT_SAMPLING = frozenset({"model", "logprobs", "return_token_ids", "return_routed_experts",
                            "prompt_chunks"})
 
+PAUSE = {"mode": "keep", "clear_cache": "true"}
+"""How an update pauses vLLM: in-flight requests stay (`keep`), and its KV cache is dropped, so
+they are prefilled again under the new weights on resume. Every token is then its version's
+sample exactly (Turn.versions_exact), which keeping the older weights' cache would break for
+a small re-prefill: see docs/inference.md for the numbers."""
+
 Request = Callable[..., Awaitable[Any]]
 """The client's `(method, path, **aiohttp kwargs) -> JSON` for one server."""
 
@@ -68,19 +74,16 @@ def completion_choice(choice: dict[str, Any], default_version: int) -> dict[str,
             "logprobs": {"token_logprobs": [float(entry["logprob"]) for entry in content]},
             "token_policy_versions": token_versions(choice.get("weight_versions"), len(ids),
                                                     default_version),
-            "routed_experts": choice.get("routed_experts")}
+            "routed_experts": choice.get("routed_experts"), "versions_exact": True}
 
 
-async def update_weights(request: Request, path: str, version: int,
-                         names: Sequence[str] | None = None) -> Any:
-    """Load the safetensors file `path` (only `names` when given) as weight `version`, on a
-    server the caller has paused; refused (UnpausedUpdateError) on one that is not."""
+async def update_weights(request: Request, path: str, version: int) -> Any:
+    """Load the whole safetensors file `path` as weight `version` (see the worker for why not
+    only its changed tensors), on a server the caller has paused; refused
+    (UnpausedUpdateError) on one that is not."""
     if not (await request("GET", "/is_paused")).get("is_paused"):
         raise UnpausedUpdateError("refusing to update the weights of a vLLM server that is not "
                                   "paused (its worker would crash mid-step)")
-    update_info: dict[str, Any] = {"path": path}
-    if names is not None:
-        update_info["names"] = list(names)
     await request("POST", "/start_weight_update")
-    await request("POST", "/update_weights", json={"update_info": update_info})
+    await request("POST", "/update_weights", json={"update_info": {"path": path}})
     return await request("POST", "/finish_weight_update", json={"weight_version": str(version)})

@@ -6,10 +6,13 @@ SkyrlWorkerExtension` (the launcher puts this folder, and nothing else, on its P
 before the worker loads its model. Importing it registers the `skyrl_file` weight transfer
 backend, which `--weight-transfer-config '{"backend": "skyrl_file"}'` then selects:
 
-- `update_weights {"update_info": {"path": FILE}}` loads the tensors of a safetensors file the
-  trainer wrote (on one machine: its shared-memory weights file), HF names, all or `names`,
-  inside vLLM's layerwise reload (CPU kernels repack linear weights after a load, so a plain
-  `load_weights` into the served parameters fails); tensors not in the file keep their values;
+- `update_weights {"update_info": {"path": FILE}}` loads every tensor of a safetensors file the
+  trainer wrote (on one machine: its shared-memory weights file), HF names, inside vLLM's
+  layerwise reload (CPU kernels repack linear weights after a load, so a plain `load_weights`
+  into the served parameters fails). Always the whole file, never the changed tensors alone:
+  the reload rebuilds a layer from what it is given, and vLLM fuses HF tensors into one layer
+  (q/k/v_proj into qkv_proj), so a file giving `v_proj` alone leaves q and k undefined
+  (measured: logprobs of -9999). Layers with no tensor in the file keep their values;
 - `start_weight_update` and `finish_weight_update` have nothing left to do.
 
 Only the run's weight files are read (`allowed_file`), so whoever reaches the route cannot make
@@ -50,8 +53,6 @@ class FileInitInfo(WeightTransferInitInfo):
 class FileUpdateInfo(WeightTransferUpdateInfo):
     path: str
     """The safetensors file to load."""
-    names: list[str] | None = None
-    """Only these tensors (the others did not change); None: every tensor in the file."""
 
 
 def allowed_file(path: str) -> str:
@@ -108,9 +109,9 @@ class SafetensorsFileEngine(WeightTransferEngine[FileInitInfo, FileUpdateInfo]):
         )
 
         with safe_open(allowed_file(update_info.path), framework="pt") as file:
-            names = list(file.keys()) if update_info.names is None else update_info.names
             initialize_layerwise_reload(self.model)
             try:
+                names = file.keys()  # a safetensors handle is not iterable itself
                 self.model.load_weights((name, file.get_tensor(name)) for name in names)
             finally:
                 finalize_layerwise_reload(self.model, self.model_config)
