@@ -135,3 +135,21 @@ def test_typed_values_are_not_reparsed_and_set_overrides_win():
     assert config.inference.model == "2024-01-01"
     assert config.inference.endpoint is None
     assert config.agent.name == "answer"
+
+
+def test_routing_replay_on_vllm_without_a_gpu_is_one_line_before_anything_loads(monkeypatch):
+    """vLLM returns routed experts only from its Model Runner V2, which needs Triton (CUDA):
+    a training run that would start vLLM on a CPU with routing replay stops at validation,
+    before its trainer or servers load; on a GPU it passes."""
+    from skyrl_agent.inference.vllm import launch
+    from skyrl_agent.trainers.settings import check_trainable, check_vllm_routing
+
+    monkeypatch.setattr(launch, "detect_device", lambda: "cpu")
+    replay = ["inference.engine=vllm", "trainer.routing_replay=true",
+              "collector.n_samples_per_task=2"]
+    with pytest.raises(ConfigError, match="needs a GPU: vLLM returns routed experts only from "
+                                          "its Model Runner V2, which needs Triton") as refused:
+        check_trainable(load_config(None, replay))
+    assert "\n" not in str(refused.value)
+    monkeypatch.setattr(launch, "detect_device", lambda: "cuda")
+    check_vllm_routing()

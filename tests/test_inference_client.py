@@ -3,22 +3,30 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import io
 import socket
 import time
+from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 from aiohttp import web
 
+from skyrl_agent.errors import UserError
 from skyrl_agent.inference import client as client_module
 from skyrl_agent.inference.client import InferenceClient, InferenceError, Sampling
 from skyrl_agent.inference.process import embedded_server
+from skyrl_agent.inference.vllm import routes
 from skyrl_agent.inference.vllm.launch import (
     WORKER_DIR,
     VLLMOptions,
     vllm_command,
     vllm_environment,
+    vllm_server,
 )
+from skyrl_agent.types import RoutedExperts
 
 
 @pytest.fixture(scope="module")
@@ -250,9 +258,9 @@ async def test_a_session_sticks_to_its_server_while_the_other_is_less_busy():
 
 
 def test_vllm_command_fits_the_device():
-    """One launcher: on CPU the KV cache in GiB, eager mode, chunked prefill off and our file
-    transfer backend; on a GPU memory utilization and NCCL. Both: a Unix socket, the routes
-    with per-token versions, no key on the command line."""
+    """One launcher: on CPU the KV cache in GiB, eager mode, chunked prefill off; on a GPU
+    memory utilization. Both: our file transfer backend, a Unix socket, the routes with
+    per-token versions, no key on the command line."""
     options = VLLMOptions(model="/models/m", served_model_name="policy", max_model_len=4096,
                           kv_cache_mb=1500)
     socket = Path("/run/x/vllm.sock")
@@ -263,13 +271,14 @@ def test_vllm_command_fits_the_device():
         assert argv[argv.index("--uds") + 1] == str(socket) and "--port" not in argv
         assert "--enable-scale-out" in argv and "--api-key" not in argv
         assert argv[argv.index("--served-model-name") + 1] == "policy"
+        assert '"skyrl_file"' in argv[argv.index("--weight-transfer-config") + 1]
     assert {"--enforce-eager", "--no-enable-chunked-prefill"} <= set(cpu)
-    assert '"skyrl_file"' in cpu[cpu.index("--weight-transfer-config") + 1]
     assert "--gpu-memory-utilization" not in cpu and "--enforce-eager" not in gpu
-    assert '"nccl"' in gpu[gpu.index("--weight-transfer-config") + 1]
-    env = vllm_environment(options, "KEY", "cpu")
-    assert env["VLLM_CPU_KVCACHE_SPACE"] == "2" and env["VLLM_API_KEY"] == "KEY"
-    assert env["PYTHONPATH"] == str(WORKER_DIR)
+    for device in ("cpu", "cuda"):
+        env = vllm_environment(options, "KEY", device)
+        assert env["VLLM_API_KEY"] == "KEY" and env["PYTHONPATH"] == str(WORKER_DIR)
+        assert ("VLLM_CPU_KVCACHE_SPACE" in env) == (device == "cpu")
+    assert vllm_environment(options, "KEY", "cpu")["VLLM_CPU_KVCACHE_SPACE"] == "2"
 
 
 def _control_app(card: dict) -> web.Application:
@@ -307,3 +316,110 @@ async def test_only_a_server_that_cannot_swap_live_is_paused_around_its_update()
     assert live[SEEN] == ["/v1/models", "/update_weights", "/update_weights"]
     assert plain[SEEN] == ["/v1/models", "/pause", "/update_weights", "/resume",
                            "/pause", "/update_weights", "/resume"]
+
+
+def _vllm_npy(experts_TLK: np.ndarray) -> str:
+    """Routing as vLLM's generate route sends it: base64 of the array's `.npy` bytes."""
+    with io.BytesIO() as buffer:
+        np.save(buffer, experts_TLK, allow_pickle=False)
+        return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _generate_choice(completion: int, routing: np.ndarray | None,
+                     finish: str = "length") -> dict:
+    return {"index": 0, "token_ids": list(range(40, 40 + completion)), "text": "x",
+            "finish_reason": finish,
+            "logprobs": {"content": [{"logprob": -1.0}] * completion},
+            "routed_experts": None if routing is None else _vllm_npy(routing)}
+
+
+@pytest.mark.parametrize("experts, dtype", [(8, np.uint8), (300, np.uint16)])
+def test_vllms_routing_becomes_the_clients_row_for_row(experts, dtype):
+    """vLLM's `routed_experts` (a .npy of [prompt + completion - 1, layers, top_k]) becomes the
+    client's RoutedExperts from position 0, each position's row unchanged, at 1- or 2-byte
+    ids. Stops: a shifted start, transposed axes, ids cut to a byte."""
+    prompt, completion, layers, top_k = 5, 4, 3, 2
+    rng = np.random.default_rng(0)
+    routing = rng.integers(0, experts, (prompt + completion - 1, layers, top_k)).astype(dtype)
+    routing[:, 0, 0] = np.arange(len(routing)) % experts  # each row names its own position
+    choice = routes.completion_choice(_generate_choice(completion, routing), 0,
+                                      prompt_tokens=prompt, routing_asked=True)
+    routed = RoutedExperts.from_json(choice["routed_experts"])
+    assert (routed.start, routed.end, routed.layers, routed.top_k) == (0, 8, layers, top_k)
+    assert routed.width == (1 if experts <= 256 else 2)
+    assert np.array_equal(routed.array(), routing)
+    assert np.array_equal(routed.since(prompt).array(), routing[prompt:])
+
+
+@pytest.mark.parametrize("rows, shape", [(7, None), (9, None), (8, (8, 6))])
+def test_misaligned_vllm_routing_is_refused(rows, shape):
+    """Routing for one position too few or too many (a shifted prompt start, a routed last
+    token) or without its layer axis would replay a neighbour's experts: refused."""
+    routing = np.zeros(shape or (rows, 3, 2), dtype=np.uint8)
+    with pytest.raises(ValueError, match="positions"):
+        routes.completion_choice(_generate_choice(4, routing), 0, prompt_tokens=5,
+                                 routing_asked=True)
+
+
+def test_vllm_routing_missing_or_aborted():
+    """A finished answer without routing, when the client asked, says how to start vLLM; an
+    aborted one's routing is dropped (its continuation's covers it); not asked, none."""
+    with pytest.raises(ValueError, match="--enable-return-routed-experts"):
+        routes.completion_choice(_generate_choice(4, None), 0, prompt_tokens=5,
+                                 routing_asked=True)
+    aborted = _generate_choice(2, np.zeros((3, 3, 2), dtype=np.uint8), finish="abort")
+    assert routes.completion_choice(aborted, 0, prompt_tokens=5,
+                                    routing_asked=True)["routed_experts"] is None
+    assert routes.completion_choice(_generate_choice(4, None), 0)["routed_experts"] is None
+
+
+def _generate_app(bodies: list[dict]) -> web.Application:
+    """A unit-tier stand-in for vLLM's generate route: routing for every position it ran on,
+    the first layer's first expert naming the position."""
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "m", "owned_by": "vllm"}]})
+
+    async def generate(request: web.Request) -> web.Response:
+        body = await request.json()
+        bodies.append(body)
+        completion = body["sampling_params"]["max_tokens"]
+        routing = np.ones((len(body["token_ids"]) + completion - 1, 2, 2), dtype=np.uint8)
+        routing[:, 0, 0] = np.arange(len(routing))
+        return web.json_response({"choices": [_generate_choice(completion, routing)]})
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    app.router.add_post(routes.GENERATE, generate)
+    return app
+
+
+async def test_the_client_reads_vllms_routing_as_it_sends_it():
+    """Through the client: the completion's routing is vLLM's, position for position over the
+    prompt and the sampled tokens but the last, and no routing field reaches vLLM's sampling
+    parameters (vLLM has no such request switch)."""
+    bodies: list[dict] = []
+    port = _free_port()
+    runner = await _serve(_generate_app(bodies), port)
+    try:
+        async with InferenceClient([f"http://127.0.0.1:{port}"],
+                                   routed_experts=True) as client:
+            out = await client.complete([1, 2, 3], Sampling(max_tokens=4))
+    finally:
+        await runner.cleanup()
+    assert out.routed_experts is not None and out.routed_experts.start == 0
+    assert list(out.routed_experts.array()[:, 0, 0]) == list(range(6))
+    assert not any("routed" in key for key in bodies[0]["sampling_params"])
+
+
+def test_routing_replay_on_vllm_without_a_gpu_is_refused_before_it_starts(tmp_path):
+    """vLLM returns routing only from its Model Runner V2 (Triton, so CUDA): on a CPU the
+    launcher refuses in one line before anything starts, whether vLLM is installed or not; on
+    a GPU the server is started with vLLM's switch."""
+    routed = VLLMOptions(model=str(tmp_path), routed_experts=True, device="cpu")
+    with pytest.raises(UserError, match="Model Runner V2, which needs Triton") as refused:
+        vllm_server(routed)
+    assert "\n" not in str(refused.value)
+    gpu = vllm_command("python", replace(routed, device="cuda"), Path("/run/x/s"), "cuda")
+    assert "--enable-return-routed-experts" in gpu and "--enable-prefix-caching" in gpu
+    plain = vllm_command("python", replace(routed, routed_experts=False), Path("/s"), "cuda")
+    assert "--enable-return-routed-experts" not in plain

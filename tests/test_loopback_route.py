@@ -124,3 +124,12 @@ def test_forwardable_paths_stay_under_the_prefix():
 def test_a_mount_needs_absolute_paths_without_dot_dot(mount):
     with pytest.raises(ValueError, match="absolute"):
         SandboxSpec(name="m", environment_dir=None, read_only_mounts=mount)
+
+
+@pytest.mark.parametrize("host", ["/", "/tmp", "/dev", "/dev/shm"])
+def test_no_mount_shows_the_runs_private_folders(host, tmp_path):
+    """A task's mount of the temporary folder (or one above it) would hand a Docker sandbox's
+    root vLLM's socket, whose 0700 folder it does not respect; /dev/shm holds weight files."""
+    with pytest.raises(ValueError, match="sockets and weight files"):
+        SandboxSpec(name="m", environment_dir=None, read_only_mounts={"/opt/x": host})
+    SandboxSpec(name="m", environment_dir=None, read_only_mounts={"/opt/x": str(tmp_path)})

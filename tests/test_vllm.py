@@ -5,7 +5,10 @@ started by the project's launcher and driven by the project's client. One server
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import os
+import shlex
 import socket
 import subprocess
 from pathlib import Path
@@ -18,10 +21,14 @@ from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from skyrl_agent.collector.model import supervised
+from skyrl_agent.config import SandboxConfig
 from skyrl_agent.errors import RunStopped
 from skyrl_agent.inference.client import InferenceClient, Sampling
 from skyrl_agent.inference.vllm import routes
-from skyrl_agent.inference.vllm.launch import VLLMOptions, vllm_server
+from skyrl_agent.inference.vllm.launch import SOCKET_NAME, VLLMOptions, vllm_server
+from skyrl_agent.sandboxes.base import SandboxSpec, create_sandbox
+from skyrl_agent.tasks import load_task
+from tests.helpers import make_task
 from tests.inference_helpers import max_abs_diff, teacher_forced_logprobs
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -221,6 +228,209 @@ def test_only_the_run_reaches_the_control_routes(served):
                                "/usr/bin/python3", "-c", probe, served.url.removeprefix("unix:")],
                               capture_output=True, text=True, timeout=60)
         assert done.stdout.strip() == "refused", done.stderr
+
+
+CONTROL_PROBE = r'''
+"""What an agent tries from inside its sandbox: find vLLM's socket and POST its control routes
+over it and over every given loopback port. Prints what each attempt got back, as JSON."""
+import json, os, socket, stat, struct, sys, threading
+from concurrent.futures import ThreadPoolExecutor
+
+ROUTES = [("/pause?mode=abort", b""), ("/abort_requests", b"{}"), ("/reset_prefix_cache", b""),
+          ("/collective_rpc", b'{"method": "check_health"}')]
+plan = json.loads(sys.argv[1])
+roots = plan["search"]
+
+
+def under_a_root(path):
+    return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
+
+
+def sockets_on_disk():  # find / -type s
+    found = set()
+    for root in roots:
+        for folder, dirs, files in os.walk(root):
+            if folder == "/":
+                dirs[:] = [d for d in dirs if d not in ("proc", "sys")]
+            for name in files:
+                path = os.path.join(folder, name)
+                try:
+                    if stat.S_ISSOCK(os.lstat(path).st_mode):
+                        found.add(path)
+                except OSError:
+                    pass
+    return found
+
+
+def sockets_listed():  # every bound Unix socket the kernel shows, abstract ones too
+    found = set()
+    try:
+        with open("/proc/net/unix") as table:
+            rows = table.read().splitlines()[1:]
+    except OSError:
+        return found
+    for fields in (row.split() for row in rows):
+        if len(fields) == 8 and (under_a_root(fields[7])
+                                 or (fields[7].startswith("@") and "/" in roots)):
+            found.add(fields[7])
+    return found
+
+
+def gateway():
+    try:
+        with open("/proc/net/route") as table:
+            for fields in (row.split() for row in table.read().splitlines()[1:]):
+                if fields[1] == "00000000":
+                    return socket.inet_ntoa(struct.pack("<L", int(fields[2], 16)))
+    except (OSError, IndexError, ValueError):
+        pass
+    return None
+
+
+def connect(target):
+    if isinstance(target, str):
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.settimeout(2)
+        conn.connect("\0" + target[1:] if target.startswith("@") else target)
+        return conn
+    return socket.create_connection(tuple(target), timeout=2)
+
+
+def attack(target):
+    replies = {}
+    for route, body in ROUTES:
+        try:
+            conn = connect(target)
+        except OSError as error:  # nothing listens there for us: the other routes neither
+            replies[route] = "no connection: " + type(error).__name__
+            break
+        with conn:
+            conn.sendall(("POST %s HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json"
+                          "\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
+                          % (route, len(body))).encode() + body)
+            try:
+                replies[route] = conn.recv(64).decode(errors="replace").split("\r\n")[0]
+            except OSError as error:
+                replies[route] = "no reply: " + type(error).__name__
+    return replies
+
+
+hosts = list(plan["hosts"]) + ([gateway()] if plan["hosts"] and gateway() else [])
+found = sockets_on_disk() | sockets_listed()
+targets = sorted(set(plan["sockets"]) | found) + [(host, port) for host in dict.fromkeys(hosts)
+                                                  for port in plan["ports"]]
+threading.stack_size(512 * 1024)  # many threads under a small address-space limit
+with ThreadPoolExecutor(16) as pool:
+    replies = dict(zip((t if isinstance(t, str) else "%s:%d" % t for t in targets),
+                       pool.map(attack, targets)))
+print(json.dumps({"vllm_in_tmp": sorted(n for n in os.listdir("/tmp") if "vllm" in n),
+                  "sockets_found": sorted(found), "replies": replies}))
+'''
+"""The probe's routes are vLLM 0.32's control routes: each answers 200 to whoever reaches it
+(collective_rpc calls a harmless worker method). The test resumes the server afterwards."""
+
+
+DECOY_PATH = "/root/decoy.sock"
+DECOY = f"import socket; socket.socket(socket.AF_UNIX).bind({DECOY_PATH!r})"
+
+
+def _answered(outcome: dict) -> dict[str, str]:
+    """target route -> reply, for each attempt that got an HTTP answer of any status."""
+    return {f"{target} {route}": reply for target, replies in outcome["replies"].items()
+            for route, reply in replies.items() if reply.startswith("HTTP/")}
+
+
+def _host_addresses() -> list[str]:
+    """Every IPv4 address of this machine, and slirp4netns's alias of its loopback."""
+    return sorted({a.address for addresses in psutil.net_if_addrs().values()
+                   for a in addresses if a.family == socket.AF_INET} | {"10.0.2.2"})
+
+
+async def _resume_and_serve(server) -> None:
+    connector = aiohttp.UnixConnector(server.url.removeprefix("unix:"))
+    async with aiohttp.ClientSession(connector=connector) as http, \
+            http.post("http://localhost/resume") as response:
+        assert response.status == 200, await response.text()
+    async with client_of(server) as client:
+        out = await client.complete([1, 9690, 198], Sampling(max_tokens=4, ignore_eos=True))
+    assert len(out.token_ids) == 4 and server.running
+
+
+async def _probe_from_a_sandbox_and_the_host(served, tmp_path: Path, backend: str,
+                                             network: bool) -> tuple[dict, dict]:
+    """The probe's outcome inside a fresh sandbox (searching all of /, every loopback port of
+    vLLM's process tree on every host address), then on the host against the socket's folder
+    (the positive control, which pauses the server); the server is resumed and serves."""
+    path = served.url.removeprefix("unix:")
+    ports = _tcp_ports(served.pid)
+    probe = tmp_path / "probe.py"
+    probe.write_text(CONTROL_PROBE)
+    config = SandboxConfig(backend=backend)
+    task = load_task(make_task(tmp_path, "probe", "echo 1 > /logs/verifier/reward.txt\n"))
+    spec = dataclasses.replace(SandboxSpec.from_task(task, config), network=network,
+                               memory_mb=256, pids_limit=64, deadline_s=120)
+    inside_plan = {"sockets": [path], "search": ["/"], "ports": ports,
+                   "hosts": ["127.0.0.1", *_host_addresses()]}
+    host_plan = {"sockets": [path], "search": [str(Path(path).parent)], "ports": [], "hosts": []}
+    try:
+        async with create_sandbox(spec, config) as sandbox:
+            await sandbox.upload(probe, "/tmp/probe.py")
+            inside = await sandbox.exec(  # a decoy socket of its own shows the search works
+                f"python3 -c {shlex.quote(DECOY)} && "
+                f"python3 /tmp/probe.py {shlex.quote(json.dumps(inside_plan))}", timeout=60)
+        assert inside.ok, inside.stderr
+        on_host = await asyncio.to_thread(
+            subprocess.run, ["/usr/bin/python3", str(probe), json.dumps(host_plan)],
+            capture_output=True, text=True, timeout=60)
+        assert on_host.returncode == 0, on_host.stderr
+    finally:
+        await _resume_and_serve(served)
+    return json.loads(inside.stdout), json.loads(on_host.stdout)
+
+
+def _assert_only_the_host_reached(served, inside: dict, on_host: dict) -> None:
+    path = served.url.removeprefix("unix:")
+    # The control: the same probe on the host finds the socket and every route answers 200.
+    assert path in on_host["sockets_found"]
+    assert Path(path).parent.name in on_host["vllm_in_tmp"]
+    assert all(reply.startswith("HTTP/1.1 200") for reply in on_host["replies"][path].values()), \
+        on_host["replies"][path]
+    assert len(on_host["replies"][path]) == 4
+    # The sandbox: no HTTP answer at all (any status would mean a control route is reachable).
+    assert _answered(inside) == {}
+    assert inside["vllm_in_tmp"] == [] and path not in inside["sockets_found"]
+    assert DECOY_PATH in inside["sockets_found"]
+    assert not any(found.endswith(SOCKET_NAME) for found in inside["sockets_found"])
+    assert inside["replies"][path] == {"/pause?mode=abort": "no connection: FileNotFoundError"}
+    assert all(f"127.0.0.1:{port}" in inside["replies"] for port in _tcp_ports(served.pid))
+
+
+async def test_a_public_bubblewrap_sandbox_cannot_reach_the_control_routes(served, tmp_path):
+    """Stops an agent in a public-network bubblewrap sandbox from pausing, aborting, flushing or
+    RPC-ing the run's vLLM: it cannot see the socket's folder (its /tmp is its own, a search of
+    / finds no vllm.sock), and no loopback port of vLLM's processes answers it on its own
+    loopback, slirp4netns's host alias or the host's addresses."""
+    inside, on_host = await _probe_from_a_sandbox_and_the_host(served, tmp_path, "local", True)
+    _assert_only_the_host_reached(served, inside, on_host)
+
+
+async def test_a_private_bubblewrap_sandbox_cannot_reach_the_control_routes(served, tmp_path):
+    """Stops an agent in a no-network bubblewrap sandbox (the default) from reaching vLLM's
+    control routes through a Unix socket it found or a loopback port: its network namespace
+    and /tmp are its own."""
+    inside, on_host = await _probe_from_a_sandbox_and_the_host(served, tmp_path, "local", False)
+    _assert_only_the_host_reached(served, inside, on_host)
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("network", [True, False], ids=["public", "private"])
+async def test_a_docker_sandbox_cannot_reach_the_control_routes(served, tmp_path, network):
+    """Stops an agent in a Docker sandbox from reaching vLLM's control routes: the container
+    mounts no host folder and vLLM's ports are on the host's 127.0.0.1, which neither the
+    bridge's gateway nor the host's addresses expose."""
+    inside, on_host = await _probe_from_a_sandbox_and_the_host(served, tmp_path, "docker",
+                                                               network)
+    _assert_only_the_host_reached(served, inside, on_host)
 
 
 async def test_a_dead_vllm_stops_the_run_in_one_line(served):

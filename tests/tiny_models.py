@@ -69,12 +69,13 @@ def tiny_llama_dir(folder: Path, tokenizer_dir: Path, max_positions: int = 512) 
 
 def char_moe_dir(folder: Path, seed: int = 0, hidden: int = 32, layers: int = 2,
                  experts: int = 8, top_k: int = 2, router_std: float = 0.5,
-                 embedding_std: float | None = None) -> Path:
+                 embedding_std: float | None = None, head_dim: int | None = None) -> Path:
     """Save a random Qwen3-MoE over the character tokenizer into `folder`: every layer a sparse
     MoE block (`experts` experts, `top_k` routed per token), the layout of Qwen3-30B-A3B. A small
     `router_std` leaves router logits close together: near-ties that numerics can flip. LoRA
     cannot change the (tied) embedding, which bounds the logits' range: `embedding_std` above
-    the default 0.02 gives adapters room to make one character likely."""
+    the default 0.02 gives adapters room to make one character likely. `head_dim` (default
+    hidden // 4) is free of `hidden` in Qwen3: vLLM-CPU's attention needs at least 32."""
     import torch
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
@@ -83,7 +84,8 @@ def char_moe_dir(folder: Path, seed: int = 0, hidden: int = 32, layers: int = 2,
     config = Qwen3MoeConfig(vocab_size=len(tokenizer), hidden_size=hidden,
                             intermediate_size=2 * hidden, moe_intermediate_size=hidden,
                             num_hidden_layers=layers, num_attention_heads=4,
-                            num_key_value_heads=2, head_dim=hidden // 4, num_experts=experts,
+                            num_key_value_heads=2, head_dim=head_dim or hidden // 4,
+                            num_experts=experts,
                             num_experts_per_tok=top_k, norm_topk_prob=True,
                             max_position_embeddings=1024, eos_token_id=tokenizer.eos_token_id,
                             pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True)

@@ -70,20 +70,25 @@ def session_factory(client: Any, tokenizer: Any, settings: SessionConfig,
 def model_servers(config: RunConfig, run_dir: Path) -> list[ServerProcess]:
     """inference.num_servers servers of inference.engine, not started yet."""
     count = config.inference.num_servers
-    return [model_server(config.inference, RunDir(run_dir).server_log_of(i, count))
+    return [model_server(config.inference, RunDir(run_dir).server_log_of(i, count),
+                         config.trainer.lora_rank, config.trainer.routing_replay)
             for i in range(count)]
 
 
-def model_server(inference: InferenceConfig, log_path: Path) -> ServerProcess:
+def model_server(inference: InferenceConfig, log_path: Path,
+                 lora_rank: int = 0, routed_experts: bool = False) -> ServerProcess:
     """One server of inference.engine for inference.model, not started yet (what both
-    placements start: this process's subprocess, or a Ray server actor's)."""
+    placements start: this process's subprocess, or a Ray server actor's); `lora_rank`: the
+    trainer's adapters, which a vLLM server then takes as they are; `routed_experts`: routing
+    replay, which a vLLM server must be started for (the embedded one answers per request)."""
     if inference.engine == "vllm":
         from skyrl_agent.inference.models import resolve_model
         from skyrl_agent.inference.vllm.launch import VLLMOptions, vllm_server
 
         options = VLLMOptions(model=str(resolve_model(inference.model)),
                               served_model_name=inference.model, dtype=inference.dtype,
-                              kv_cache_mb=inference.kv_cache_mb)
+                              kv_cache_mb=inference.kv_cache_mb, lora_rank=lora_rank,
+                              routed_experts=routed_experts)
         return vllm_server(options, log_path=log_path)
     from skyrl_agent.inference.process import embedded_server
 

@@ -42,8 +42,9 @@ class ServerActor:
     actor). Placed on the driver's node, with the router: a vLLM server's Unix socket is
     reachable on its own machine only."""
 
-    def __init__(self, inference: InferenceConfig, log_path: Path) -> None:
-        self.server: ServerProcess = model_server(inference, log_path)
+    def __init__(self, inference: InferenceConfig, log_path: Path, lora_rank: int = 0,
+                 routed_experts: bool = False) -> None:
+        self.server: ServerProcess = model_server(inference, log_path, lora_rank, routed_experts)
 
     def start(self) -> str:
         return self.server.start()
@@ -83,8 +84,9 @@ class RouterActor:
         await self.client.resume()
 
     async def update_weights(self, path: str, version: int,
-                             changed: ChangedWeights | None = None) -> list[float]:
-        return await self.client.update_weights(path, version, changed)
+                             changed: ChangedWeights | None = None,
+                             adapter: str | None = None) -> list[float]:
+        return await self.client.update_weights(path, version, changed, adapter)
 
     async def busy_seconds(self) -> float:
         return await self.client.busy_seconds()

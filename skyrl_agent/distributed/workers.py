@@ -196,8 +196,10 @@ class RemoteServers:
         await self.router.resume.remote()
 
     async def update_weights(self, path: str, version: int,
-                             changed: ChangedWeights | None = None) -> list[float]:
-        seconds: list[float] = await self.router.update_weights.remote(path, version, changed)
+                             changed: ChangedWeights | None = None,
+                             adapter: str | None = None) -> list[float]:
+        seconds: list[float] = await self.router.update_weights.remote(path, version, changed,
+                                                                       adapter)
         return seconds
 
     async def busy_seconds(self) -> float:
@@ -254,7 +256,8 @@ class _Actors:
         if not urls:
             count = config.inference.num_servers
             self.servers = [self.spawn(ServerActor, placed.server_cpus, here, config.inference,
-                                       RunDir(run_dir).server_log_of(i, count))
+                                       RunDir(run_dir).server_log_of(i, count),
+                                       config.trainer.lora_rank, config.trainer.routing_replay)
                             for i in range(count)]
             try:
                 urls = list(await asyncio.gather(*[s.start.remote() for s in self.servers]))

@@ -136,6 +136,10 @@ class _Server:
     """Its first model card (None until asked): whether it is vLLM, whether it stages weight
     updates beside decoding and swaps them in between two steps."""
     http: aiohttp.ClientSession | None = field(default=None, repr=False)
+    adapter: str | None = None
+    """vLLM: the LoRA adapter requests name as their model, once the trainer's is loaded."""
+    takes_adapters: bool | None = None
+    """vLLM: whether it has runtime LoRA (None until an update with an adapter asked)."""
 
     @property
     def base(self) -> str:
@@ -282,12 +286,17 @@ class InferenceClient:
             headers["X-Session-ID"] = session_id
         await self._known_card(server)
         if server.is_vllm:
-            data = completion_body(vllm_routes.generate_fields(body),
+            fields = vllm_routes.generate_fields(body)
+            if server.adapter:
+                fields["model"] = server.adapter
+            data = completion_body(fields,
                                    self._prompt_text(prompt, session_id), key="token_ids")
             held = server.policy_version  # what its unlabelled tokens were sampled by
             reply = await self._request(server, "POST", vllm_routes.GENERATE, data=data,
                                         headers=headers)
-            choice = vllm_routes.completion_choice(reply["choices"][0], held)
+            choice = vllm_routes.completion_choice(reply["choices"][0], held,
+                                                   prompt_tokens=len(prompt),
+                                                   routing_asked=self.routed_experts)
         else:
             data = (json.dumps(body).encode() if images
                     else completion_body(body, self._prompt_text(prompt, session_id)))
@@ -339,18 +348,22 @@ class InferenceClient:
         return any(r["is_paused"] for r in replies)
 
     async def update_weights(self, path: str, version: int,
-                             changed: ChangedWeights | None = None) -> list[float]:
+                             changed: ChangedWeights | None = None,
+                             adapter: str | None = None) -> list[float]:
         """Load a safetensors file on every server (only `changed` on those that hold its
-        `since_version`); returns each server's seconds."""
+        `since_version`; vLLM with runtime LoRA loads `adapter`, the same weights as a PEFT
+        adapter folder, instead); returns each server's seconds."""
         body: dict[str, Any] = {"path": str(path), "version": version}
         if changed is not None:
             body["changed"] = changed.to_json()
-        replies = await asyncio.gather(*[self._update_one(s, body) for s in self.servers])
+        replies = await asyncio.gather(*[self._update_one(s, body, adapter)
+                                         for s in self.servers])
         for server in self.servers:
             server.policy_version = version
         return [float(r.get("seconds", 0.0)) for r in replies]
 
-    async def _update_one(self, server: _Server, body: dict[str, Any]) -> Any:
+    async def _update_one(self, server: _Server, body: dict[str, Any],
+                          adapter: str | None = None) -> Any:
         """One server's update: as it is where the server swaps weights live, else between a
         pause(keep) and a resume (vLLM: its load must not run beside decoding)."""
         if (await self._known_card(server)).get("weight_swap") == "live":
@@ -361,12 +374,29 @@ class InferenceClient:
             if not server.is_vllm:
                 return await self._request(server, "POST", "/update_weights", json=body)
             started = time.perf_counter()
-            await vllm_routes.update_weights(
-                lambda *args, **kwargs: self._request(server, *args, **kwargs),
-                body["path"], body["version"])
+            await self._vllm_update(server, body["path"], body["version"], adapter)
             return {"seconds": time.perf_counter() - started}
         finally:
             await self._request(server, "POST", "/resume")
+
+    async def _vllm_update(self, server: _Server, path: str, version: int,
+                           adapter: str | None) -> None:
+        """The adapter where vLLM has runtime LoRA (a 404 says it has not: asked once), else
+        the whole file, after which no adapter applies over it."""
+        def request(*args: Any, **kwargs: Any) -> Any:
+            return self._request(server, *args, **kwargs)
+
+        if adapter is not None and server.takes_adapters is not False:
+            try:
+                await vllm_routes.load_adapter(request, adapter, version)
+                server.adapter, server.takes_adapters = vllm_routes.POLICY_ADAPTER, True
+                return
+            except InferenceError as error:
+                if error.status != 404 or server.takes_adapters:
+                    raise
+                server.takes_adapters = False
+        await vllm_routes.update_weights(request, path, version)
+        server.adapter = None
 
     async def max_model_len(self) -> int | None:
         """The smallest context length the servers report on /v1/models (None if unknown)."""

@@ -13,6 +13,7 @@ import asyncio
 import hashlib
 import os
 import shlex
+import tempfile
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -71,6 +72,16 @@ class ExecResult:
         return self.exit_code == 0 and not self.timed_out
 
 
+_RUN_PRIVATE = (tempfile.gettempdir(), "/dev/shm")
+"""Where the run keeps what no sandbox may reach: vLLM's socket folder (mode 0700, which a
+Docker sandbox's root ignores: containers keep CAP_DAC_OVERRIDE), trainers' weight files."""
+
+
+def _holds(host: str, private: str) -> bool:
+    """Whether mounting `host` shows `private` (the folder itself or one above it)."""
+    return Path(os.path.realpath(private)).is_relative_to(os.path.realpath(host))
+
+
 @dataclass(frozen=True)
 class SandboxSpec:
     """Everything a backend needs to create one sandbox; built from a task plus the run config."""
@@ -105,6 +116,10 @@ class SandboxSpec:
         for inside, host in self.read_only_mounts.items():
             if not (inside.startswith("/") and os.path.isabs(host)) or ".." in inside.split("/"):
                 raise ValueError(f"a read-only mount needs absolute paths, not {inside}={host}")
+            if any(_holds(host, private) for private in _RUN_PRIVATE):
+                raise ValueError(f"a read-only mount of {host} would show the sandbox the run's "
+                                 "own sockets and weight files (the temporary and shared-memory "
+                                 "folders); mount a folder below them")
 
     @property
     def dockerfile(self) -> Path | None:

@@ -125,6 +125,10 @@ class WeightUpdate:
     """Trainer-side time to produce the file."""
     changed: ChangedWeights | None = None
     """What changed since the previous update, for servers that hold it; None: load all."""
+    adapter: Path | None = None
+    """LoRA: the same weights as a PEFT adapter folder (adapter_config.json and
+    adapter_model.safetensors), what a server with runtime LoRA (vLLM) loads instead of the
+    merged file: the adapters' bytes, not the adapted layers'."""
 
 
 @dataclass(frozen=True)

@@ -26,9 +26,22 @@ def check_trainable(config: RunConfig) -> None:
                           f"a task: set collector.n_samples_per_task >= 2 (it is {n})")
     if config.trainer.backend == "megatron":
         check_megatron(config)
+    if config.trainer.routing_replay and config.inference.engine == "vllm" \
+            and not config.inference.endpoint:
+        check_vllm_routing()
     if config.trainer.routing_replay or (config.trainer.backend == "fsdp"
                                          and config.trainer.lora_rank):
         check_moe(config)
+
+
+def check_vllm_routing() -> None:
+    """vLLM servers started here return routing only on a GPU: refused before the trainer
+    loads its model (vllm_server refuses again, for servers that start without a trainer)."""
+    from skyrl_agent.inference.vllm.launch import detect_device, routing_refusal
+
+    refusal = routing_refusal(detect_device())  # the device vllm_server will pick
+    if refusal:
+        raise ConfigError(refusal)
 
 
 def check_moe(config: RunConfig) -> None:

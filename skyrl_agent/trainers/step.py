@@ -41,7 +41,8 @@ async def publish(backend: TrainerBackend, servers: ServerControl, version: int)
     on (sampling goes on meanwhile); seconds."""
     update = await asyncio.to_thread(backend.save_weights_for_sampler, version)
     started = time.perf_counter()
-    await servers.update_weights(str(update.path), update.version, update.changed)
+    await servers.update_weights(str(update.path), update.version, update.changed,
+                                 None if update.adapter is None else str(update.adapter))
     return update.seconds + time.perf_counter() - started
 
 

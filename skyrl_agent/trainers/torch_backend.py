@@ -12,6 +12,8 @@ import contextlib
 import json
 import logging
 import random
+import shutil
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -23,7 +25,11 @@ from safetensors.torch import load_file, save_file
 from skyrl_agent.atomic import atomic_folder
 from skyrl_agent.inference.routers import ReplayCount, find_routers, replayed_routing
 from skyrl_agent.inference.vision import ImageInputs, unsampled_image_token
-from skyrl_agent.inference.weight_files import new_weights_path, remove_orphans
+from skyrl_agent.inference.weight_files import (
+    new_weights_path,
+    remove_orphans,
+    shared_memory_dir,
+)
 from skyrl_agent.trainers.algorithms import entropy_BT, token_weights
 from skyrl_agent.trainers.backend import (
     AdamParams,
@@ -59,6 +65,7 @@ from skyrl_agent.trainers.torch_model import (
     merged_lora_weights,
     pick_device,
     pick_dtype,
+    save_adapter,
     server_parameters,
     trainable_parameters,
 )
@@ -103,6 +110,8 @@ class TorchBackend:
         self.step = 0
         self._reference: Any = None
         self._shared: SharedWeights | None = None
+        self._adapter: Path | None = None
+        """LoRA: the adapter folder servers with runtime LoRA load (see WeightUpdate.adapter)."""
         self._moved = MovedWeights()
         """What the optimizer moved since the servers' last update."""
 
@@ -231,13 +240,28 @@ class TorchBackend:
         changed = self._moved.changed(tensors) if self.sends_deltas else None
         nbytes = self._shared.nbytes if changed is None else bytes_of(changed, tensors)
         self._moved.sent(version)
+        adapter = self._saved_adapter()
         return WeightUpdate(self._shared.path, version, nbytes, time.perf_counter() - started,
-                            changed)
+                            changed, adapter)
+
+    def _saved_adapter(self) -> Path | None:
+        """LoRA on a dense model: the adapters as a PEFT folder (vLLM serves adapted experts
+        differently, so an MoE's go merged only)."""
+        if self.lora is None or any(".experts." in name for name in lora_layers(self.model)):
+            return None
+        if self._adapter is None:
+            self._adapter = Path(tempfile.mkdtemp(prefix="skyrl-agent-adapter-",
+                                                  dir=shared_memory_dir()))
+        save_adapter(self.model, self._adapter)
+        return self._adapter
 
     def close(self) -> None:
         if self._shared is not None:
             self._shared.close()
             self._shared = None
+        if self._adapter is not None:
+            shutil.rmtree(self._adapter, ignore_errors=True)
+            self._adapter = None
 
     # ---- beyond Tinker -----------------------------------------------------------------------
 

@@ -129,6 +129,11 @@ def merged_lora_weights(model: Any) -> dict[str, torch.Tensor]:
                 for name, layer in lora_layers(model).items()}
 
 
+def save_adapter(model: Any, folder: Path) -> None:
+    """The model's LoRA adapters as a PEFT adapter folder (rewritten in place)."""
+    model.save_pretrained(folder, safe_serialization=True)
+
+
 def server_parameters(model: Any) -> dict[str, torch.Tensor]:
     """A full model's parameters by the server's names (tied weights appear once)."""
     return dict(model.named_parameters())

@@ -33,9 +33,12 @@ class ServerControl(Protocol):
     async def resume(self) -> None: ...
 
     async def update_weights(self, path: str, version: int,
-                             changed: ChangedWeights | None = None) -> list[float]:
+                             changed: ChangedWeights | None = None,
+                             adapter: str | None = None) -> list[float]:
         """Every server serves these weights from one of its decode steps on (those that
-        cannot load beside decoding are paused around it); each server's seconds."""
+        cannot load beside decoding are paused around it; those with runtime LoRA load
+        `adapter`, the same weights as a PEFT adapter folder, when given); each server's
+        seconds."""
         ...
 
     async def busy_seconds(self) -> float:

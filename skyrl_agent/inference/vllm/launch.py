@@ -8,9 +8,15 @@ cannot install), on a GPU machine the project's own (extra `gpu`). The device de
 - CPU: the KV cache is a number of GiB (VLLM_CPU_KVCACHE_SPACE; a "GPU memory utilization"
   there would reserve a share of host memory), eager mode (30 s to start against 190 s
   compiled), chunked prefill off (with it, seeded requests kill vllm-cpu 0.32's engine:
-  "CPU Generator does not use offset"), weights from the trainer's safetensors file through our
-  transfer backend (worker/skyrl_vllm_worker.py);
-- GPU: `--gpu-memory-utilization`, compiled, vLLM's NCCL transfer backend.
+  "CPU Generator does not use offset");
+- GPU: `--gpu-memory-utilization`, compiled, prefix caching; with routing replay
+  `--enable-return-routed-experts` (refused on CPU before anything starts: routing_refusal).
+
+Both take the trainer's weights from its safetensors file through our transfer backend
+(worker/skyrl_vllm_worker.py), on one machine. vLLM's NCCL backend, for trainers on other GPUs
+or machines, is the seam left open: the client would send its `update_info` (names, dtypes,
+shapes) and the trainer broadcast the tensors; it needs a GPU session to build and test
+(scripts/gpu-vllm.sh).
 
 Both: `--enable-scale-out` (its `/inference/v1/generate` is the only route that returns each
 token's weight version), `VLLM_SERVER_DEV_MODE=1` (pause/resume and the weight update routes),
@@ -44,8 +50,10 @@ VENV_DIR = ".venv-vllm"
 WORKER_DIR = Path(__file__).parent / "worker"
 """Put on vLLM's PYTHONPATH: our worker extension and transfer backend, and nothing else."""
 WORKER_EXTENSION = "skyrl_vllm_worker.SkyrlWorkerExtension"
-CPU_TRANSFER_BACKEND = "skyrl_file"
+TRANSFER_BACKEND = "skyrl_file"
 SOCKET_NAME = "vllm.sock"
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The `--max-lora-rank` values vLLM 0.32 accepts."""
 
 Device = Literal["cpu", "cuda"]
 
@@ -66,9 +74,15 @@ class VLLMOptions:
     weight_folders: tuple[Path, ...] = ()
     """Folders whose .safetensors files the CPU transfer backend may load, beside the
     trainers' shared-memory files."""
+    lora_rank: int = 0
+    """The trainer's LoRA rank: runtime LoRA on, so the trainer's adapters load as they are
+    (0: off, full weights only)."""
     tensor_parallel_size: int = 1
     device: Device | None = None
     """None: CUDA when the project's torch sees a GPU, else CPU."""
+    routed_experts: bool = False
+    """MoE models, Rollout Routing Replay: every choice carries the experts vLLM's routers
+    chose (`--enable-return-routed-experts`). GPU only: see routing_refusal."""
     extra_args: tuple[str, ...] = ()
 
 
@@ -103,24 +117,52 @@ def detect_device() -> Device:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def server_device(options: VLLMOptions) -> Device:
+    """Where a server of `options` runs: its own choice, else what this process sees."""
+    return options.device or detect_device()
+
+
+def routing_refusal(device: Device) -> str | None:
+    """Why vLLM cannot return routed experts on `device` (None: it can). vLLM captures the
+    routing only in its Model Runner V2, which needs Triton; vllm-cpu's Triton has no CPU
+    backend, and starting it anyway dies in config validation (measured, vllm-cpu 0.32)."""
+    if device != "cpu":
+        return None
+    return ("trainer.routing_replay with inference.engine=vllm needs a GPU: vLLM returns "
+            "routed experts only from its Model Runner V2, which needs Triton (CUDA), and "
+            "vllm-cpu has none; use inference.engine=embedded on a CPU")
+
+
 def vllm_command(python: str, options: VLLMOptions, socket: Path, device: Device) -> list[str]:
     """The server's command line (no secret on it: any user can read it)."""
     argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", options.model,
             "--uds", str(socket), "--dtype", options.dtype, "--enable-scale-out",
             "--tensor-parallel-size", str(options.tensor_parallel_size)]
+    argv += ["--worker-extension-cls", WORKER_EXTENSION,
+             "--weight-transfer-config", json.dumps({"backend": TRANSFER_BACKEND})]
     if device == "cpu":
-        argv += ["--enforce-eager", "--no-enable-chunked-prefill",
-                 "--worker-extension-cls", WORKER_EXTENSION,
-                 "--weight-transfer-config", json.dumps({"backend": CPU_TRANSFER_BACKEND})]
+        argv += ["--enforce-eager", "--no-enable-chunked-prefill"]
     else:
         argv += ["--gpu-memory-utilization", str(options.gpu_memory_utilization),
-                 "--enable-prefix-caching",
-                 "--weight-transfer-config", json.dumps({"backend": "nccl"})]
+                 "--enable-prefix-caching"]
+    if options.routed_experts:  # vLLM's only switch: no request asks for it
+        argv.append("--enable-return-routed-experts")
+    if options.lora_rank:
+        argv += ["--enable-lora", "--max-loras", "1",
+                 "--max-lora-rank", str(lora_rank_bound(options.lora_rank))]
     if options.served_model_name:
         argv += ["--served-model-name", options.served_model_name]
     if options.max_model_len:
         argv += ["--max-model-len", str(options.max_model_len)]
     return argv + list(options.extra_args)
+
+
+def lora_rank_bound(rank: int) -> int:
+    """The smallest of vLLM's allowed `--max-lora-rank` values that holds `rank`."""
+    bound = next((allowed for allowed in LORA_RANKS if allowed >= rank), None)
+    if bound is None:
+        raise UserError(f"vLLM serves LoRA ranks up to {LORA_RANKS[-1]}, not {rank}")
+    return bound
 
 
 def vllm_environment(options: VLLMOptions, key: str, device: Device) -> dict[str, str]:
@@ -130,12 +172,14 @@ def vllm_environment(options: VLLMOptions, key: str, device: Device) -> dict[str
     env.update({"VLLM_SERVER_DEV_MODE": "1", "HF_HUB_OFFLINE": "1",
                 "TRANSFORMERS_OFFLINE": "1", "VLLM_API_KEY": key,
                 "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"})
+    if options.lora_rank:  # /v1/load_lora_adapter, behind the key like all of /v1
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
     if device == "cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, -(-int(options.kv_cache_mb) // 1024)))
-        env["PYTHONPATH"] = str(WORKER_DIR)
-        env["SKYRL_AGENT_VLLM_SHARED_WEIGHTS"] = str(shared_memory_dir().resolve())
-        env["SKYRL_AGENT_VLLM_WEIGHT_FOLDERS"] = os.pathsep.join(
-            str(Path(f).resolve()) for f in options.weight_folders)
+    env["PYTHONPATH"] = str(WORKER_DIR)
+    env["SKYRL_AGENT_VLLM_SHARED_WEIGHTS"] = str(shared_memory_dir().resolve())
+    env["SKYRL_AGENT_VLLM_WEIGHT_FOLDERS"] = os.pathsep.join(
+        str(Path(f).resolve()) for f in options.weight_folders)
     return env
 
 
@@ -154,13 +198,17 @@ class VLLMServer(ServerProcess):
 
 
 def vllm_server(options: VLLMOptions, log_path: Path | None = None) -> VLLMServer:
-    """A vLLM server, not started yet; ready when /health answers on its socket."""
+    """A vLLM server, not started yet; ready when /health answers on its socket. Refused
+    (UserError, one line) where it could not give what `options` asks, before anything
+    starts."""
+    device = server_device(options)
+    if options.routed_experts and (refusal := routing_refusal(device)):
+        raise UserError(refusal)
     python = vllm_python()
     if python is None:
         raise UserError(f"cannot start vLLM: {vllm_available()}")
     if not Path(options.model).is_dir():
         raise UserError(f"vLLM needs a local model folder, not {options.model!r}")
-    device = options.device or detect_device()
     folder = Path(tempfile.mkdtemp(prefix="skyrl-vllm-"))  # mode 0700: this user only
     socket = folder / SOCKET_NAME
     key = new_key()
