@@ -112,3 +112,11 @@ def test_an_option_that_looks_like_a_number_stays_text(command, tmp_path):
     failed as "not a valid string": the option's typed value must reach the task source."""
     result = run(*command, cwd=tmp_path)
     assert_one_line_error(result, "unknown task set or path '2024'")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--engine", "sglang"], "--engine 'sglang': embedded or vllm"),
+    (["--engine", "vllm", "--model", "/no/such/folder"], "unknown model '/no/such/folder'"),
+])
+def test_serve_bad_engine_input_is_one_error_line(argv, message):
+    assert_one_line_error(run("serve", *argv), message)

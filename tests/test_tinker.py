@@ -371,6 +371,7 @@ def test_bodies_are_bounded_by_the_largest_request_the_sdk_sends(server):
     (["--tensor-parallel", "2"], "tensor_parallel=2 needs backend=megatron"),
     (["--tenant", "../x"], "--tenant '../x': a new name"),
     (["--tenant", "default"], "--tenant 'default': a new name"),
+    (["--engine", "sglang"], "--engine 'sglang': embedded or vllm"),
 ])
 def test_tinker_serve_bad_input_is_one_error_line(argv, message, tmp_path):
     import subprocess
@@ -382,3 +383,4 @@ def test_tinker_serve_bad_input_is_one_error_line(argv, message, tmp_path):
     assert done.returncode == 2, done.stderr
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], lines
+

@@ -123,13 +123,17 @@ async def test_an_update_under_load_drops_nothing_and_versions_every_token(serve
     update routes with our file backend -> resume): all finish at full length, and every
     token is its version's sample exactly: the tokens after the update match the new weights
     teacher-forced over the whole sequence, so vLLM prefilled them again (clear_cache) rather
-    than continuing on the old weights' KV cache. Stops: a kept cache, unversioned tokens."""
+    than continuing on the old weights' KV cache. Stops: a kept cache, unversioned tokens, a
+    tied output layer left computing from the old embedding."""
     import copy
 
     model, tokenizer = reference
     updated = copy.deepcopy(model)
-    # Layer 0's values: every later position's KV cache depends on them.
+    # Layer 0's values: every later position's KV cache depends on them. The embedding, tied
+    # to the output layer, as full fine-tuning moves it: vLLM's output layer gets no tensor of
+    # its own from the file and must still compute from the new table.
     updated.state_dict()["model.layers.0.self_attn.v_proj.weight"].mul_(3.0)
+    updated.state_dict()["model.embed_tokens.weight"].mul_(1.1)
     changed, restore = weights_dir / "changed.safetensors", weights_dir / "restore.safetensors"
     save_whole(updated, changed)  # whole files, as the trainer writes them
     save_whole(model, restore)
@@ -200,6 +204,12 @@ async def test_files_outside_the_runs_weights_are_refused(served, tmp_path):
     assert after.token_policy_versions == before.token_policy_versions != (5,) * 4
 
 
+def _listening_addresses(pid: int) -> set[str]:
+    tree = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    return {c.laddr.ip for p in tree for c in p.net_connections(kind="inet")
+            if c.status == psutil.CONN_LISTEN}
+
+
 def _tcp_ports(pid: int) -> list[int]:
     tree = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
     return sorted({c.laddr.port for p in tree for c in p.net_connections(kind="inet")
@@ -233,7 +243,7 @@ def test_only_the_run_reaches_the_control_routes(served):
 CONTROL_PROBE = r'''
 """What an agent tries from inside its sandbox: find vLLM's socket and POST its control routes
 over it and over every given loopback port. Prints what each attempt got back, as JSON."""
-import json, os, socket, stat, struct, sys, threading
+import json, os, socket, stat, sys, threading
 from concurrent.futures import ThreadPoolExecutor
 
 ROUTES = [("/pause?mode=abort", b""), ("/abort_requests", b"{}"), ("/reset_prefix_cache", b""),
@@ -276,17 +286,6 @@ def sockets_listed():  # every bound Unix socket the kernel shows, abstract ones
     return found
 
 
-def gateway():
-    try:
-        with open("/proc/net/route") as table:
-            for fields in (row.split() for row in table.read().splitlines()[1:]):
-                if fields[1] == "00000000":
-                    return socket.inet_ntoa(struct.pack("<L", int(fields[2], 16)))
-    except (OSError, IndexError, ValueError):
-        pass
-    return None
-
-
 def connect(target):
     if isinstance(target, str):
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -315,7 +314,7 @@ def attack(target):
     return replies
 
 
-hosts = list(plan["hosts"]) + ([gateway()] if plan["hosts"] and gateway() else [])
+hosts = plan["hosts"]
 found = sockets_on_disk() | sockets_listed()
 targets = sorted(set(plan["sockets"]) | found) + [(host, port) for host in dict.fromkeys(hosts)
                                                   for port in plan["ports"]]
@@ -340,12 +339,6 @@ def _answered(outcome: dict) -> dict[str, str]:
             for route, reply in replies.items() if reply.startswith("HTTP/")}
 
 
-def _host_addresses() -> list[str]:
-    """Every IPv4 address of this machine, and slirp4netns's alias of its loopback."""
-    return sorted({a.address for addresses in psutil.net_if_addrs().values()
-                   for a in addresses if a.family == socket.AF_INET} | {"10.0.2.2"})
-
-
 async def _resume_and_serve(server) -> None:
     connector = aiohttp.UnixConnector(server.url.removeprefix("unix:"))
     async with aiohttp.ClientSession(connector=connector) as http, \
@@ -359,7 +352,9 @@ async def _resume_and_serve(server) -> None:
 async def _probe_from_a_sandbox_and_the_host(served, tmp_path: Path, backend: str,
                                              network: bool) -> tuple[dict, dict]:
     """The probe's outcome inside a fresh sandbox (searching all of /, every loopback port of
-    vLLM's process tree on every host address), then on the host against the socket's folder
+    vLLM's process tree on the sandbox's loopback; only loopback addresses are ever probed, and
+    those ports are bound to the host's 127.0.0.1 alone, which no other namespace reaches),
+    then on the host against the socket's folder
     (the positive control, which pauses the server); the server is resumed and serves."""
     path = served.url.removeprefix("unix:")
     ports = _tcp_ports(served.pid)
@@ -370,7 +365,7 @@ async def _probe_from_a_sandbox_and_the_host(served, tmp_path: Path, backend: st
     spec = dataclasses.replace(SandboxSpec.from_task(task, config), network=network,
                                memory_mb=256, pids_limit=64, deadline_s=120)
     inside_plan = {"sockets": [path], "search": ["/"], "ports": ports,
-                   "hosts": ["127.0.0.1", *_host_addresses()]}
+                   "hosts": ["127.0.0.1"]}
     host_plan = {"sockets": [path], "search": [str(Path(path).parent)], "ports": [], "hosts": []}
     try:
         async with create_sandbox(spec, config) as sandbox:
@@ -403,13 +398,13 @@ def _assert_only_the_host_reached(served, inside: dict, on_host: dict) -> None:
     assert not any(found.endswith(SOCKET_NAME) for found in inside["sockets_found"])
     assert inside["replies"][path] == {"/pause?mode=abort": "no connection: FileNotFoundError"}
     assert all(f"127.0.0.1:{port}" in inside["replies"] for port in _tcp_ports(served.pid))
+    assert _listening_addresses(served.pid) <= {"127.0.0.1", "::1"}
 
 
 async def test_a_public_bubblewrap_sandbox_cannot_reach_the_control_routes(served, tmp_path):
     """Stops an agent in a public-network bubblewrap sandbox from pausing, aborting, flushing or
     RPC-ing the run's vLLM: it cannot see the socket's folder (its /tmp is its own, a search of
-    / finds no vllm.sock), and no loopback port of vLLM's processes answers it on its own
-    loopback, slirp4netns's host alias or the host's addresses."""
+    / finds no vllm.sock), and no loopback port of vLLM's processes answers it."""
     inside, on_host = await _probe_from_a_sandbox_and_the_host(served, tmp_path, "local", True)
     _assert_only_the_host_reached(served, inside, on_host)
 
@@ -426,8 +421,7 @@ async def test_a_private_bubblewrap_sandbox_cannot_reach_the_control_routes(serv
 @pytest.mark.parametrize("network", [True, False], ids=["public", "private"])
 async def test_a_docker_sandbox_cannot_reach_the_control_routes(served, tmp_path, network):
     """Stops an agent in a Docker sandbox from reaching vLLM's control routes: the container
-    mounts no host folder and vLLM's ports are on the host's 127.0.0.1, which neither the
-    bridge's gateway nor the host's addresses expose."""
+    mounts no host folder and vLLM's ports are on the host's 127.0.0.1 alone."""
     inside, on_host = await _probe_from_a_sandbox_and_the_host(served, tmp_path, "docker",
                                                                network)
     _assert_only_the_host_reached(served, inside, on_host)

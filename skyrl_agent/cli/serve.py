@@ -34,8 +34,22 @@ def serve(
         min=1, help="Most prompts x n in one request.")] = 256,
     max_prompt_chars: Annotated[int, typer.Option(
         min=1, help="Most characters of text tokenized for one prompt.")] = 1 << 20,
+    engine: Annotated[str, typer.Option(
+        help="embedded (this project's server, on --host/--port) or vllm (bash "
+             "scripts/setup.sh --vllm installs it; on a Unix socket only this user can open, "
+             "since its control routes answer without a key: the `unix:` URL printed on stdout "
+             "is what --endpoint takes).")] = "embedded",
 ) -> None:
-    """Serve a model over HTTP with vLLM's OpenAI-compatible API (the embedded CPU server)."""
+    """Serve a model over HTTP with vLLM's OpenAI-compatible API (the embedded CPU server, or
+    vLLM itself)."""
+    if engine == "vllm":
+        _serve_vllm(model, served_model_name, kv_cache_mb, max_model_len, dtype, api_key,
+                    weights_dir or [])
+        return
+    if engine != "embedded":
+        from skyrl_agent.errors import ConfigError
+
+        raise ConfigError(f"--engine {engine!r}: embedded or vllm")
     from skyrl_agent.inference.server.main import ServeOptions, run
     run(ServeOptions(model=model, host=host, port=port, served_model_name=served_model_name,
                      max_batch_size=max_batch_size, kv_cache_mb=kv_cache_mb,
@@ -44,3 +58,32 @@ def serve(
                      weights_dirs=tuple(str(d) for d in weights_dir or ()),
                      max_sequences_per_request=max_sequences_per_request,
                      max_prompt_chars=max_prompt_chars))
+
+
+def _serve_vllm(model: str, served_model_name: str | None, kv_cache_mb: float,
+                max_model_len: int | None, dtype: str, api_key: str | None,
+                weights_dirs: list[Path]) -> None:
+    """vLLM on its private socket until Ctrl-C or SIGTERM; its URL on stdout."""
+    import signal
+    import threading
+
+    from skyrl_agent.inference.models import resolve_model
+    from skyrl_agent.inference.vllm.launch import VLLMOptions, vllm_server
+
+    options = VLLMOptions(model=str(resolve_model(model)),
+                          served_model_name=served_model_name or model,
+                          max_model_len=max_model_len, dtype=dtype, kv_cache_mb=kv_cache_mb,
+                          weight_folders=tuple(weights_dirs))
+    server = vllm_server(options, api_key=api_key)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        print(server.start(), flush=True)
+        if not api_key:
+            print("its key: SKYRL_AGENT_API_KEY=" + str(server.api_key), flush=True)
+        while server.running and not stop.wait(1.0):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()

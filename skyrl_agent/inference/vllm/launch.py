@@ -197,10 +197,11 @@ class VLLMServer(ServerProcess):
             shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def vllm_server(options: VLLMOptions, log_path: Path | None = None) -> VLLMServer:
+def vllm_server(options: VLLMOptions, log_path: Path | None = None,
+                api_key: str | None = None) -> VLLMServer:
     """A vLLM server, not started yet; ready when /health answers on its socket. Refused
     (UserError, one line) where it could not give what `options` asks, before anything
-    starts."""
+    starts. `api_key`: the key of its /v1, /v2 and /inference routes (default: a new one)."""
     device = server_device(options)
     if options.routed_experts and (refusal := routing_refusal(device)):
         raise UserError(refusal)
@@ -211,7 +212,7 @@ def vllm_server(options: VLLMOptions, log_path: Path | None = None) -> VLLMServe
         raise UserError(f"vLLM needs a local model folder, not {options.model!r}")
     folder = Path(tempfile.mkdtemp(prefix="skyrl-vllm-"))  # mode 0700: this user only
     socket = folder / SOCKET_NAME
-    key = new_key()
+    key = api_key or new_key()
     return VLLMServer(vllm_command(python, options, socket, device), folder=folder,
                       env=vllm_environment(options, key, device), log_path=log_path,
                       url=f"unix:{socket}", startup_timeout_s=900.0, api_key=key)
