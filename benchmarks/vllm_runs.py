@@ -4,13 +4,15 @@ run's own files say what happened: per step, the sampler/trainer agreement on th
 current weights sampled (metrics.jsonl); per turn, whether its tokens crossed a weight version
 (the store's per-token versions); and afterwards that no vLLM process is left.
 
-Run: .venv/bin/python benchmarks/vllm_runs.py [RUN ...]   (about 20 minutes on 2 cores; writes
-benchmarks/results/vllm_runs.md). RUN names a subset: local, ray, lora, blackbox, resume.
+Run: .venv/bin/python benchmarks/vllm_runs.py [RUN ...]   (about 25 minutes on 2 cores; writes
+benchmarks/results/vllm_runs.md). RUN names a subset: local, sync, ray, lora, blackbox, resume.
 
 On this CPU the trainer is the long pole (a step trains for longer than a group samples), so
 nothing would be in flight when new weights arrive; the runs sample one episode at a time
 (collector.max_concurrent_sandboxes=1), which makes sampling the long pole, as it is for agents
-on GPUs, and updates land mid-generation.
+on GPUs, and updates land mid-generation. A step whose batch the previous weights sampled
+wholly has no tokens to check agreement on (it reports off_policy/ only); `sync`
+(max_staleness=0, all episodes at once) trains every step on its own weights' samples.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ CLI = str(ROOT / ".venv" / "bin" / "skyrl-agent")
 BASE = ["--set", "inference.engine=vllm", "--set", "collector.max_concurrent_sandboxes=1"]
 RUNS: dict[str, list[str]] = {
     "local": ["--steps", "3"],
+    "sync": ["--steps", "3", "--set", "trainer.max_staleness=0", "--set",
+             "collector.max_concurrent_sandboxes=8"],
     "ray": ["--steps", "2", "--ray", "local"],
     "lora": ["--steps", "2", "--set", "trainer.lora_rank=8", "--set",
              "trainer.learning_rate=1e-4"],
@@ -55,12 +59,13 @@ class Outcome:
     crossing: int
     exact: int
     leftover: int
+    ray_left: int
     note: str = ""
 
 
-def vllm_processes() -> int:
+def processes(marker: str) -> int:
     return sum(1 for p in psutil.process_iter(["cmdline"])
-               if "vllm.entrypoints.openai.api_server" in " ".join(p.info["cmdline"] or ()))
+               if marker in " ".join(p.info["cmdline"] or ()))
 
 
 def run(name: str, argv: list[str], folder: Path) -> Outcome:
@@ -79,7 +84,8 @@ def run(name: str, argv: list[str], folder: Path) -> Outcome:
     seconds = time.perf_counter() - started
     time.sleep(2)  # the run's own shutdown
     return Outcome(name, "skyrl-agent train " + " ".join([*BASE, *argv]), seconds, code,
-                   steps_of(output), *turns_of(output), vllm_processes(), note)
+                   steps_of(output), *turns_of(output),
+                   processes("vllm.entrypoints.openai.api_server"), processes("ray::"), note)
 
 
 def kill_then_resume(command: list[str], output: Path) -> str:
@@ -133,7 +139,7 @@ def agreement(step: dict) -> str:
 def row(o: Outcome) -> str:
     per_step = "; ".join(f"{s['step']}: {agreement(s)}" for s in o.steps) or "-"
     return (f"| {o.name} | {o.exit_code} | {o.seconds:.0f} | {per_step} | {o.turns} | "
-            f"{o.crossing} | {o.exact} | {o.leftover} | {o.note} |")
+            f"{o.crossing} | {o.exact} | {o.leftover} | {o.ray_left} | {o.note} |")
 
 
 def report(outcomes: list[Outcome]) -> str:
@@ -141,7 +147,8 @@ def report(outcomes: list[Outcome]) -> str:
              f"Command: `python benchmarks/vllm_runs.py` ({time.strftime('%Y-%m-%d')}, "
              f"{os.cpu_count()} cores). Every run: `{' '.join(BASE)}`.", "",
              "| run | exit | wall s | agreement per step (max abs) | turns | crossing a version "
-             "| exact versions | vLLM left | note |", "|---|---|---|---|---|---|---|---|---|"]
+             "| exact versions | vLLM left | Ray left | note |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     lines += [row(o) for o in outcomes]
     lines += ["", "Commands:", ""] + [f"- {o.name}: `{o.command}`" for o in outcomes]
     return "\n".join(lines) + "\n"

@@ -29,7 +29,7 @@ from skyrl_agent.inference.vllm.launch import SOCKET_NAME, VLLMOptions, vllm_ser
 from skyrl_agent.sandboxes.base import SandboxSpec, create_sandbox
 from skyrl_agent.tasks import load_task
 from tests.helpers import make_task
-from tests.inference_helpers import max_abs_diff, teacher_forced_logprobs
+from tests.inference_helpers import generated_tokens, max_abs_diff, teacher_forced_logprobs
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -108,15 +108,6 @@ async def test_many_long_seeded_prompts_at_once_leave_the_engine_alive(served, r
     assert served.running
 
 
-async def _generated_tokens(server) -> float:
-    connector = aiohttp.UnixConnector(server.url.removeprefix("unix:"))
-    async with aiohttp.ClientSession(connector=connector) as http, \
-            http.get("http://localhost/metrics") as response:
-        text = await response.text()
-    return sum(float(line.split()[-1]) for line in text.splitlines()
-               if line.startswith("vllm:generation_tokens_total"))
-
-
 async def test_an_update_under_load_drops_nothing_and_versions_every_token(served, reference,
                                                                            weights_dir):
     """Four generations in flight while new weights arrive (pause keep -> vLLM's native
@@ -141,11 +132,11 @@ async def test_an_update_under_load_drops_nothing_and_versions_every_token(serve
                for i in range(4)]
     sampling = Sampling(max_tokens=96, temperature=1.0, ignore_eos=True)
     async with client_of(served) as client:
-        base = await _generated_tokens(served)
+        base = await generated_tokens(served)
         tasks = [asyncio.create_task(client.complete(p, sampling, session_id=f"u{i}"))
                  for i, p in enumerate(prompts)]
         for _ in range(600):
-            if await _generated_tokens(served) >= base + 4 * 8:
+            if await generated_tokens(served) >= base + 4 * 8:
                 break
             await asyncio.sleep(0.05)
         seconds = await client.update_weights(str(changed), 1)

@@ -3,6 +3,8 @@ project's torch trainer with adapters, the project's client in between."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import torch
 
@@ -11,6 +13,7 @@ from skyrl_agent.inference.vllm.launch import VLLMOptions, vllm_server
 from skyrl_agent.trainers.backend import Datum
 from skyrl_agent.trainers.torch_backend import TorchBackend
 from skyrl_agent.trainers.torch_model import LoraSettings
+from tests.inference_helpers import max_abs_diff, until_generated
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -19,47 +22,76 @@ def folder_bytes(folder) -> int:
     return sum(path.stat().st_size for path in folder.iterdir())
 
 
-async def test_a_lora_update_moves_the_adapter_and_serves_the_trained_policy(smollm2_dir,
-                                                                             tmp_path):
-    """The trainer's adapters (moved off zero, as training would) reach vLLM as a PEFT
-    folder: what it samples afterwards, labelled with the new version, is the trainer's own
-    policy within 1e-3, and the bytes moved are the adapters', a fraction of the merged
-    layers'. Stops: an adapter not applied (base logprobs), applied twice over merged weights,
-    unlabelled tokens, a merged file sent instead."""
-    backend = TorchBackend(smollm2_dir, lora=LoraSettings(rank=8), device="cpu",
-                           dtype="float32")
+def _perturbed(backend: TorchBackend, std: float) -> dict[str, torch.Tensor]:
+    """Move the adapters off where they are (as training would); their new values."""
     with torch.no_grad():
         for name, param in backend.model.named_parameters():
             if "lora_B" in name:
-                param.normal_(0.0, 0.02)
-    update = backend.save_weights_for_sampler(1)
-    assert update.adapter is not None
-    assert folder_bytes(update.adapter) * 4 < update.nbytes  # the merged layers' bytes
+                param.add_(torch.randn_like(param) * std)
+    return {name: p.detach().clone() for name, p in backend.model.named_parameters()
+            if "lora_B" in name}
+
+
+def _set(backend: TorchBackend, values: dict[str, torch.Tensor]) -> None:
+    params = dict(backend.model.named_parameters())
+    with torch.no_grad():
+        for name, value in values.items():
+            params[name].copy_(value)
+
+
+def _scored(backend: TorchBackend, prompt: list[int], tokens) -> list[float]:
+    sequence = prompt + list(tokens)
+    datum = Datum(tuple(sequence[:-1]), {"target_tokens": tuple(map(float, sequence[1:]))})
+    (logprobs,) = backend.forward([datum])
+    return list(logprobs[len(prompt) - 1:])
+
+
+async def test_lora_updates_move_adapters_and_every_token_is_its_versions(smollm2_dir,
+                                                                          tmp_path):
+    """The trainer's adapters (moved as training would) reach vLLM as a PEFT folder, twice,
+    each time with a generation in flight. vLLM keeps an in-flight request on the adapter it
+    was sent with (the base model for the first), so all its tokens are that version's: they
+    say so and match the trainer at that version within 1e-3, while a request sent after the
+    load samples the new one. The bytes moved are the adapters', a fraction of the merged
+    layers'. Stops: an adapter not applied, tokens labelled with a version that did not
+    sample them, an adapter folder rewritten under a reader, a merged file sent."""
+    backend = TorchBackend(smollm2_dir, lora=LoraSettings(rank=8), device="cpu",
+                           dtype="float32")
     server = vllm_server(VLLMOptions(model=str(smollm2_dir), max_model_len=1024, lora_rank=8),
                          log_path=tmp_path / "vllm.log")
     server.start()
+    prompt = [1, 9690, 198, 504, 3458, 282, 4649, 314]
+    sampling = Sampling(max_tokens=96, temperature=1.0, ignore_eos=True)
     try:
-        prompt = [1, 9690, 198, 504, 3458, 282, 4649, 314]
-        sampling = Sampling(max_tokens=24, temperature=1.0, seed=3, ignore_eos=True)
         async with InferenceClient([server.url], api_keys=[server.api_key]) as client:
-            before = await client.complete(prompt, sampling)
-            await client.update_weights(str(update.path), 1, update.changed, str(update.adapter))
-            after = await client.complete(prompt, sampling)
+            updates, outputs, adapters = [], [], []
+            for version in (1, 2):
+                adapters.append(_perturbed(backend, 0.02))
+                update = backend.save_weights_for_sampler(version)
+                assert update.adapter is not None
+                updates.append((folder_bytes(update.adapter), update.path.stat().st_size))
+                task = asyncio.create_task(client.complete(prompt, sampling))
+                await until_generated(server, 8)
+                await client.update_weights(str(update.path), version, update.changed,
+                                            str(update.adapter))
+                outputs.append(await task)
+            after = await client.complete(prompt, Sampling(max_tokens=16, temperature=1.0))
     finally:
         server.stop()
+    try:
+        first, second = outputs
+        assert set(first.token_policy_versions) == {0}
+        base = TorchBackend(smollm2_dir, device="cpu", dtype="float32")
+        assert max_abs_diff(first.logprobs, _scored(base, prompt, first.token_ids)) < 1e-3
+        base.close()
+        assert set(second.token_policy_versions) == {1}
+        assert set(after.token_policy_versions) == {2}
+        assert max_abs_diff(after.logprobs, _scored(backend, prompt, after.token_ids)) < 1e-3
+        _set(backend, adapters[0])
+        assert max_abs_diff(second.logprobs, _scored(backend, prompt, second.token_ids)) < 1e-3
+    finally:
         backend.close()
-    assert set(before.token_policy_versions) == {0} and set(after.token_policy_versions) == {1}
-    base = TorchBackend(smollm2_dir, device="cpu", dtype="float32")
-    for out, policy, other in ((after, backend, base), (before, base, backend)):
-        sequence = prompt + list(out.token_ids)
-        datum = Datum(tuple(sequence[:-1]), {"target_tokens": tuple(map(float, sequence[1:]))})
-        (own,) = policy.forward([datum])
-        (theirs,) = other.forward([datum])
-        sampled = own[len(prompt) - 1:]
-        assert max(abs(a - b) for a, b in zip(sampled, out.logprobs, strict=True)) < 1e-3
-        assert max(abs(a - b) for a, b in zip(theirs[len(prompt) - 1:], out.logprobs,
-                                                strict=True)) > 1e-2
-    base.close()
+    assert all(adapter * 4 < merged for adapter, merged in updates), updates  # merged layers
 
 
 def test_tinker_samples_its_trained_lora_through_vllm(smollm2_dir, tmp_path, monkeypatch):

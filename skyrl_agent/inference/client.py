@@ -287,8 +287,9 @@ class InferenceClient:
         await self._known_card(server)
         if server.is_vllm:
             fields = vllm_routes.generate_fields(body)
-            if server.adapter:
-                fields["model"] = server.adapter
+            named = server.adapter  # what the request samples from (None: the base model)
+            if named:
+                fields["model"] = named
             data = completion_body(fields,
                                    self._prompt_text(prompt, session_id), key="token_ids")
             held = server.policy_version  # what its unlabelled tokens were sampled by
@@ -297,6 +298,11 @@ class InferenceClient:
             choice = vllm_routes.completion_choice(reply["choices"][0], held,
                                                    prompt_tokens=len(prompt),
                                                    routing_asked=self.routed_experts)
+            if named or server.adapter:
+                # LoRA: vLLM keeps a request on the adapter (or the base) it was sent with,
+                # whatever loads meanwhile (measured), so that version sampled all of it,
+                # whatever vLLM's version label says after a load.
+                choice["token_policy_versions"] = [held] * len(choice["token_ids"])
         else:
             data = (json.dumps(body).encode() if images
                     else completion_body(body, self._prompt_text(prompt, session_id)))

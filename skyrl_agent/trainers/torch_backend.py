@@ -110,8 +110,10 @@ class TorchBackend:
         self.step = 0
         self._reference: Any = None
         self._shared: SharedWeights | None = None
-        self._adapter: Path | None = None
-        """LoRA: the adapter folder servers with runtime LoRA load (see WeightUpdate.adapter)."""
+        self._adapters: Path | None = None
+        """LoRA: where the adapter folders servers with runtime LoRA load live, one per version
+        (see WeightUpdate.adapter)."""
+        self._latest_adapter: Path | None = None
         self._moved = MovedWeights()
         """What the optimizer moved since the servers' last update."""
 
@@ -240,28 +242,35 @@ class TorchBackend:
         changed = self._moved.changed(tensors) if self.sends_deltas else None
         nbytes = self._shared.nbytes if changed is None else bytes_of(changed, tensors)
         self._moved.sent(version)
-        adapter = self._saved_adapter()
+        adapter = self._saved_adapter(version)
         return WeightUpdate(self._shared.path, version, nbytes, time.perf_counter() - started,
                             changed, adapter)
 
-    def _saved_adapter(self) -> Path | None:
-        """LoRA on a dense model: the adapters as a PEFT folder (vLLM serves adapted experts
-        differently, so an MoE's go merged only)."""
+    def _saved_adapter(self, version: int) -> Path | None:
+        """LoRA on a dense model: the adapters as a PEFT folder of their own for this version
+        (vLLM serves adapted experts differently, so an MoE's go merged only). Never rewritten:
+        vLLM reads an adapter's files when a request first uses it, which may come after the
+        next version was saved (measured: tokens labelled with one version sampled by the
+        next). The version before stays for such late readers; older ones go."""
         if self.lora is None or any(".experts." in name for name in lora_layers(self.model)):
             return None
-        if self._adapter is None:
-            self._adapter = Path(tempfile.mkdtemp(prefix="skyrl-agent-adapter-",
-                                                  dir=shared_memory_dir()))
-        save_adapter(self.model, self._adapter)
-        return self._adapter
+        if self._adapters is None:
+            self._adapters = Path(tempfile.mkdtemp(prefix="skyrl-agent-adapters-",
+                                                   dir=shared_memory_dir()))
+        folder = self._adapters / f"version-{version}"
+        save_adapter(self.model, folder)
+        previous, self._latest_adapter = self._latest_adapter, folder
+        for old in set(self._adapters.iterdir()) - {folder, previous}:
+            shutil.rmtree(old, ignore_errors=True)
+        return folder
 
     def close(self) -> None:
         if self._shared is not None:
             self._shared.close()
             self._shared = None
-        if self._adapter is not None:
-            shutil.rmtree(self._adapter, ignore_errors=True)
-            self._adapter = None
+        if self._adapters is not None:
+            shutil.rmtree(self._adapters, ignore_errors=True)
+            self._adapters = None
 
     # ---- beyond Tinker -----------------------------------------------------------------------
 
