@@ -129,9 +129,11 @@ async def _sessions_from_two_actors(router) -> list[list[str]]:
 
 
 def test_sessions_stick_and_balance_across_actors(model, tmp_path, local_ray):
+    from skyrl_agent.config import InferenceConfig
     from skyrl_agent.distributed.actors import RouterActor, ServerActor
 
-    servers = [ray.remote(ServerActor).options(num_cpus=0).remote(str(model),
+    inference = InferenceConfig(model=str(model))
+    servers = [ray.remote(ServerActor).options(num_cpus=0).remote(inference,
                                                                   tmp_path / f"s{i}.log")
                for i in range(2)]
     urls = ray.get([s.start.remote() for s in servers])
