@@ -234,7 +234,13 @@ def test_shared_memory_dir_is_a_writable_directory() -> None:
 def test_files_of_dead_trainers_are_removed_and_live_ones_kept(tmp_path):
     import subprocess
 
-    from skyrl_agent.inference.weight_files import PREFIX, new_weights_path, remove_orphans
+    from skyrl_agent.inference.weight_files import (
+        ADAPTERS_PREFIX,
+        PREFIX,
+        new_adapters_dir,
+        new_weights_path,
+        remove_orphans,
+    )
 
     finished = subprocess.Popen(["true"])
     finished.wait()
@@ -243,6 +249,10 @@ def test_files_of_dead_trainers_are_removed_and_live_ones_kept(tmp_path):
     unrelated = tmp_path / f"{PREFIX}notapid.safetensors"
     for path in (orphan, mine, unrelated):
         path.write_bytes(b"x")
-    assert remove_orphans(tmp_path) == 1
+    orphan_adapters = tmp_path / f"{ADAPTERS_PREFIX}{finished.pid}-abc"
+    (orphan_adapters / "version-1").mkdir(parents=True)
+    my_adapters = new_adapters_dir(tmp_path)
+    assert remove_orphans(tmp_path) == 2
     assert not orphan.exists() and mine.exists() and unrelated.exists()
+    assert not orphan_adapters.exists() and my_adapters.is_dir()
     assert new_weights_path(tmp_path) != mine

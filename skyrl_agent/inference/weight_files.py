@@ -13,6 +13,7 @@ import itertools
 import logging
 import os
 import re
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -22,6 +23,9 @@ log = logging.getLogger(__name__)
 PREFIX = "skyrl-agent-weights-"
 TRAINER_FILE = re.compile(rf"{re.escape(PREFIX)}(\d+)-\d+\.safetensors")
 """A trainer's file name (fullmatch); group 1 is its process id."""
+ADAPTERS_PREFIX = "skyrl-agent-adapters-"
+ADAPTERS_DIR = re.compile(rf"{re.escape(ADAPTERS_PREFIX)}(\d+)-\w+")
+"""A LoRA trainer's folder of adapter versions (fullmatch); group 1 is its process id."""
 _counter = itertools.count()
 
 
@@ -40,10 +44,22 @@ def new_weights_path(directory: Path | None = None) -> Path:
     return directory / f"{PREFIX}{os.getpid()}-{next(_counter)}.safetensors"
 
 
+def new_adapters_dir(directory: Path | None = None) -> Path:
+    """A fresh folder (mode 0700) for this process's LoRA adapter versions."""
+    return Path(tempfile.mkdtemp(prefix=f"{ADAPTERS_PREFIX}{os.getpid()}-",
+                                 dir=directory or shared_memory_dir()))
+
+
 def remove_orphans(directory: Path | None = None) -> int:
-    """Remove weight files whose owning process is gone; returns how many."""
+    """Remove weight files and adapter folders whose owning process is gone; returns how
+    many."""
     directory = directory or shared_memory_dir()
     removed = 0
+    for folder in directory.glob(f"{ADAPTERS_PREFIX}*"):
+        match = ADAPTERS_DIR.fullmatch(folder.name)
+        if match is not None and folder.is_dir() and not process_alive(int(match.group(1))):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed += 1
     for path in directory.glob(f"{PREFIX}*.safetensors"):
         match = TRAINER_FILE.fullmatch(path.name)
         if match is None or process_alive(int(match.group(1))):

@@ -13,7 +13,6 @@ import json
 import logging
 import random
 import shutil
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -26,9 +25,9 @@ from skyrl_agent.atomic import atomic_folder
 from skyrl_agent.inference.routers import ReplayCount, find_routers, replayed_routing
 from skyrl_agent.inference.vision import ImageInputs, unsampled_image_token
 from skyrl_agent.inference.weight_files import (
+    new_adapters_dir,
     new_weights_path,
     remove_orphans,
-    shared_memory_dir,
 )
 from skyrl_agent.trainers.algorithms import entropy_BT, token_weights
 from skyrl_agent.trainers.backend import (
@@ -255,8 +254,7 @@ class TorchBackend:
         if self.lora is None or any(".experts." in name for name in lora_layers(self.model)):
             return None
         if self._adapters is None:
-            self._adapters = Path(tempfile.mkdtemp(prefix="skyrl-agent-adapters-",
-                                                   dir=shared_memory_dir()))
+            self._adapters = new_adapters_dir()
         folder = self._adapters / f"version-{version}"
         save_adapter(self.model, folder)
         previous, self._latest_adapter = self._latest_adapter, folder
