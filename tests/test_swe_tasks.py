@@ -134,6 +134,11 @@ def test_swebench_repos_run_on_their_instance_image_with_swebench_commands(priva
             "auth_tests.test_validators") in test_sh
     assert "conda activate testbed" in test_sh
     assert "--exclude=tests/auth_tests/test_validators.py" in test_sh
+    # The install command runs on the pristine tree, before the agent's patch: the agent's
+    # setup.py never runs (it could read the verification's challenge first).
+    install = "( source /opt/miniconda3/bin/activate && conda activate testbed && "
+    assert test_sh.count("python -m pip install -e .") == 1
+    assert test_sh.index(install) < test_sh.index('git apply -v --binary')
     assert image_name(_instance(instance_id="getmoto__moto-7365"), "xingyaoww") == (
         "xingyaoww/sweb.eval.x86_64.getmoto_s_moto-7365:latest")
 
@@ -146,8 +151,8 @@ def test_a_repo_swebench_does_not_know_is_run_with_pytest_and_said_so(caplog, pr
     warnings = [r for r in caplog.records if "acme/widgets" in r.getMessage()]
     assert len(warnings) == 1 and "pytest" in warnings[0].getMessage()
     test_sh = (task.tests_dir / "test.sh").read_text()
-    assert ("python3 -s /tests/run_pytest.py --end-others /logs/verifier/test-results.json "
-            "-rA") in test_sh
+    assert ("python3 -s /tests/run_pytest.py --end-others --challenge /tests/challenge.json "
+            "/logs/verifier/test-results.json -rA") in test_sh
     assert "python3 -m pytest" not in test_sh
     assert isinstance(task.grader, SweGrader) and task.grader.structured
 

@@ -26,9 +26,10 @@ from dataclasses import dataclass, replace
 from harbor.models.task.config import ArtifactConfig, VerifierEnvironmentMode
 
 from skyrl_agent.config import VerifierConfig
+from skyrl_agent.sandboxes.archive import one_file_tar
 from skyrl_agent.sandboxes.artifacts import ArtifactLimitExceeded, ArtifactLimits, BundleWriter
 from skyrl_agent.sandboxes.base import Sandbox, SandboxError
-from skyrl_agent.tasks.model import LogGrader, TaskSpec
+from skyrl_agent.tasks.model import CHALLENGE_FILE, Challenger, LogGrader, TaskSpec
 from skyrl_agent.types import Reward
 
 VERIFIER_DIR = "/logs/verifier"
@@ -157,6 +158,11 @@ async def _run_tests(sandbox: Sandbox, task: TaskSpec, fresh_home: bool,
     if not prepared.ok:
         return Reward.failed(f"could not prepare verification: {prepared.stderr.strip()[-200:]}")
     await sandbox.upload(task.tests_dir, "/tests")
+    challenge = task.grader.challenge() if task.grader is not None else None
+    if challenge is not None:  # the tests/ of this verification only, never the task folder
+        await sandbox.extract(one_file_tar(posixpath.basename(CHALLENGE_FILE),
+                                           challenge.to_json().encode()),
+                              posixpath.dirname(CHALLENGE_FILE))
     env = {**verifier.env, "HOME": prepared.stdout.strip()}
     run = await sandbox.exec(
         f"bash /tests/test.sh > {VERIFIER_DIR}/test-stdout.txt 2>&1",
@@ -166,7 +172,7 @@ async def _run_tests(sandbox: Sandbox, task: TaskSpec, fresh_home: bool,
     if run.timed_out:
         return Reward.failed(f"verifier timed out after {verifier.timeout_sec:g}s", elapsed())
     if task.grader is not None:
-        return await _graded_from_log(sandbox, task.grader, elapsed)
+        return await _graded_from_log(sandbox, task.grader, challenge, elapsed)
     reward_json = await sandbox.read_file(f"{VERIFIER_DIR}/reward.json", REWARD_FILE_LIMIT)
     reward_txt = None if reward_json is not None else await sandbox.read_file(
         f"{VERIFIER_DIR}/reward.txt", REWARD_FILE_LIMIT)
@@ -184,7 +190,7 @@ async def _run_tests(sandbox: Sandbox, task: TaskSpec, fresh_home: bool,
     return Reward(value=value, components=components, verify_time_s=elapsed())
 
 
-async def _graded_from_log(sandbox: Sandbox, grader: LogGrader,
+async def _graded_from_log(sandbox: Sandbox, grader: LogGrader, challenge: Challenger | None,
                            elapsed: Callable[[], float]) -> Reward:
     """The task's own grader over test.sh's output and its test command's, read by the host
     once every process of the run is dead; reward files in the sandbox are ignored."""
@@ -198,7 +204,7 @@ async def _graded_from_log(sandbox: Sandbox, grader: LogGrader,
     texts = (script_log.decode(errors="replace"),
              None if test_output is None else test_output.decode(errors="replace"))
     try:
-        reward = await asyncio.to_thread(grader.grade, *texts)
+        reward = await asyncio.to_thread(grader.grade, *texts, challenge)
     except Exception as exc:  # noqa: BLE001 - a grader's defect must not end the run
         return Reward.failed(f"grading the test output failed: {exc}", elapsed())
     return replace(reward, verify_time_s=elapsed())

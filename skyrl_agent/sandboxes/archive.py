@@ -16,3 +16,13 @@ def pack(local: Path, remote: str) -> bytes:
     with tarfile.open(fileobj=buffer, mode="w") as archive:
         archive.add(local, arcname=os.path.basename(remote.rstrip("/")) or ".")
     return buffer.getvalue()
+
+
+def one_file_tar(name: str, data: bytes, mode: int = 0o600) -> bytes:
+    """A tar holding one regular file `name` with `data`."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        member = tarfile.TarInfo(name)
+        member.size, member.mode = len(data), mode
+        archive.addfile(member, io.BytesIO(data))
+    return buffer.getvalue()

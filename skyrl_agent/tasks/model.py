@@ -6,7 +6,7 @@ import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from harbor.models.task.config import NetworkMode, TaskConfig
 from harbor.models.task.task import Task
@@ -16,6 +16,8 @@ from skyrl_agent.errors import TaskError
 from skyrl_agent.types import Reward
 
 DEFAULT_AGENT_TIMEOUT_S = 600.0
+CHALLENGE_FILE = "/tests/challenge.json"
+"""Where a grader's per-verification secret is put, beside test.sh (LogGrader.challenge)."""
 
 
 class LogGrader(Protocol):
@@ -27,9 +29,23 @@ class LogGrader(Protocol):
         """Absolute sandbox path of the file test.sh's test command writes."""
         ...
 
-    def grade(self, script_log: str, test_output: str | None) -> Reward:
+    def challenge(self) -> Challenger | None:
+        """A fresh secret for one verification, written to the sandbox before test.sh runs
+        (None: this grader needs none)."""
+        ...
+
+    def grade(self, script_log: str, test_output: str | None,
+              challenge: Any = None) -> Reward:
         """The reward from test.sh's own output and the test command's (None when that file
-        is missing), both read by the host after every process of the run ended."""
+        is missing), both read by the host after every process of the run ended, judged
+        against the verification's challenge."""
+        ...
+
+
+class Challenger(Protocol):
+    """One verification's secret, as the sandbox receives it."""
+
+    def to_json(self) -> str:
         ...
 
 

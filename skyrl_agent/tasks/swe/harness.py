@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from skyrl_agent.errors import TaskError
+from skyrl_agent.tasks.model import CHALLENGE_FILE
+from skyrl_agent.tasks.swe.challenge import Challenge, new_challenge
 from skyrl_agent.tasks.swe.instance import SweInstance
 from skyrl_agent.types import TAMPERING, Reward
 
@@ -105,10 +107,21 @@ def runs_under_runner(instance: SweInstance) -> bool:
     return _test_cmd(instance).startswith(_PYTEST_STARTS)
 
 
+def install_line(instance: SweInstance) -> str | None:
+    """The repo's install command, which swebench's eval script runs on the patched tree; the
+    verifier runs it before the agent's patch is applied instead, so that none of the agent's
+    code (its setup.py) runs before the launcher has read the challenge."""
+    from swebench.harness.constants import MAP_REPO_VERSION_TO_SPECS
+
+    install = MAP_REPO_VERSION_TO_SPECS[instance.repo][instance.version].get("install")
+    return install if isinstance(install, str) else None
+
+
 def eval_lines(instance: SweInstance, conda: bool) -> list[str]:
     """swebench's eval script for the instance (reset the test files, apply the test patch, run
     the test command between its output markers, reset again), without the conda lines when
-    the image has no conda (our local base image), pytest started by run_pytest.py."""
+    the image has no conda (our local base image), without the install line (run before the
+    agent's patch: install_line), pytest started by run_pytest.py."""
     from swebench.harness.constants import MAP_REPO_VERSION_TO_SPECS
     from swebench.harness.test_spec.create_scripts import make_eval_script_list
 
@@ -117,6 +130,7 @@ def eval_lines(instance: SweInstance, conda: bool) -> list[str]:
         as_swebench(instance), specs, ENV_NAME, TESTBED, instance.base_commit,
         instance.test_patch)
     lines = lines if conda else [line for line in lines if line not in _CONDA_LINES]
+    lines = [line for line in lines if line != install_line(instance)]
     if runs_under_runner(instance):
         lines = _pytest_under_runner(lines, _test_cmd(instance))
     return _tests_to_their_own_file(lines)
@@ -126,7 +140,8 @@ def _pytest_under_runner(lines: list[str], test_cmd: str) -> list[str]:
     """The test command's line with pytest started by run_pytest.py (which writes
     TEST_RESULTS) instead of `pytest` or `python -m pytest`."""
     start = next(s for s in _PYTEST_STARTS if test_cmd.startswith(s))
-    launcher = f"rm -f {TEST_RESULTS}; python3 -s {RUNNER} --end-others {TEST_RESULTS} "
+    launcher = (f"rm -f {TEST_RESULTS}; python3 -s {RUNNER} --end-others --challenge "
+                f"{CHALLENGE_FILE} {TEST_RESULTS} ")
     replaced = [launcher + line[len(start):] if line.startswith(test_cmd) else line
                 for line in lines]
     if replaced == lines:
@@ -168,9 +183,10 @@ def image_name(instance: SweInstance, namespace: str) -> str:
     return str(_test_spec(instance, [], namespace).instance_image_key)
 
 
-def status_from_results(text: str) -> dict[str, str]:
-    """run_pytest.py's results as {test: status}; ValueError unless it is the launcher's
-    shape: a JSON object whose `tests` maps test ids (one line each) to pytest statuses."""
+def results_from(text: str) -> tuple[dict[str, object], dict[str, str]]:
+    """run_pytest.py's results file and its main run as {test: status}; ValueError unless it is
+    the launcher's shape: a JSON object whose `tests` maps test ids (one line each) to pytest
+    statuses."""
     data = json.loads(text)
     tests = data.get("tests") if isinstance(data, dict) else None
     if not isinstance(tests, dict) or len(tests) > MAX_RESULTS:
@@ -178,7 +194,7 @@ def status_from_results(text: str) -> dict[str, str]:
     for name, status in tests.items():
         if status not in STATUSES or not name.isprintable() or not name.strip():
             raise ValueError(f"a result is not a test id and a status: {name[:100]!r}")
-    return tests
+    return data, tests
 
 
 def tampering_line(script_log: str) -> str | None:
@@ -199,13 +215,29 @@ class SweGrader:
     """The repo is one of ours, registered as a pytest repo without a warning."""
     structured: bool = False
     """The tests run under run_pytest.py: graded from its results file, never from output."""
+    challenged: bool = True
+    """Each verification gets a fresh challenge (challenge.py): a nonce, tripwires and isolated
+    runs. Off only to measure what it costs."""
+
+    def challenge(self) -> Challenge | None:
+        """A fresh challenge for one verification (None where the tests do not run under
+        run_pytest.py)."""
+        if not (self.structured and self.challenged):
+            return None
+        ensure_spec(self.instance.repo, self.instance.version, self.local_repo)
+        command = _test_cmd(self.instance)
+        stops_early = any(flag in command.split() for flag in ("-x", "--exitfirst")) or (
+            "--maxfail" in command)
+        return new_challenge(self.instance.fail_to_pass, self.instance.pass_to_pass,
+                             tripwires=not stops_early)
 
     @property
     def test_output(self) -> str:
         """The file graded: the launcher's results, or the test command's own output."""
         return TEST_RESULTS if self.structured else TEST_OUTPUT
 
-    def grade(self, script_log: str, test_output: str | None) -> Reward:
+    def grade(self, script_log: str, test_output: str | None,
+              challenge: Challenge | None = None) -> Reward:
         from swebench.harness.constants import APPLY_PATCH_FAIL
 
         refused = tampering_line(script_log)
@@ -218,9 +250,13 @@ class SweGrader:
         ensure_spec(self.instance.repo, self.instance.version, self.local_repo)
         if self.structured:
             try:
-                status = status_from_results(test_output)
+                results, status = results_from(test_output)
             except ValueError as exc:
                 return Reward.failed(f"unreadable test results: {exc}")
+            if challenge is not None:
+                status, forged = challenge.judge(results)
+                if forged is not None:
+                    return Reward.tampered(forged)
             # The repo's own parser names the tests, as it would from pytest's -rA lines.
             test_output = "".join(f"{state} {name}\n" for name, state in status.items())
         return self._verdict(test_output)

@@ -43,6 +43,7 @@ from skyrl_agent.tasks.swe.harness import (
     ensure_spec,
     eval_lines,
     image_name,
+    install_line,
     runs_under_runner,
     test_patch_files,
 )
@@ -53,7 +54,7 @@ LOCAL_BASE_IMAGE = "skyrl-agent/base:bookworm"
 MODEL_PATCH = "/skyrl/swe/model.patch"
 """Where the agent's changes are written after it stops; the task's only artifact."""
 PREPARE = Path(__file__).with_name("prepare_testbed.sh")
-VERIFIER_FILES = ("screen_patch.sh", "run_pytest.py")
+VERIFIER_FILES = ("screen_patch.sh", "screen_source.py", "run_pytest.py", "plant_tripwires.py")
 VERIFIER_LOGS = "/logs/verifier"
 HARBOR_REWARD = f"{VERIFIER_LOGS}/reward.txt"
 GRADED_TESTS = "graded-tests.json"
@@ -164,12 +165,16 @@ def test_sh(instance: SweInstance, local: bool) -> str:
         "# swebench's eval script below. The host grades the test results.",
         *(harbor_reward_lines() if runs_under_runner(instance) else []),
         "cd /testbed",
+        *_install_before_patch(instance, local),
         f"patch={MODEL_PATCH}",
         'if [ -f "$patch" ] && [ ! -L "$patch" ] && [ -s "$patch" ]; then',
         '  bash /tests/screen_patch.sh "$patch" /tests/shadowed-names.txt; screened=$?',
         '  if [ $screened = 3 ]; then rm -f "$patch"; exit 0; fi',
         f'  if [ $screened = 0 ] && git apply -v --binary --whitespace=nowarn {excludes} \\',
         '       "$patch"; then',
+        '    python3 -s /tests/screen_source.py "$patch"; screened=$?',
+        '    if [ $screened = 3 ]; then rm -f "$patch"; exit 0; fi',
+        f"    if [ $screened != 0 ]; then echo '{APPLY_PATCH_FAIL}'; exit 0; fi",
         f"    echo '{APPLY_PATCH_PASS}'",
         "  else",
         f"    echo '{APPLY_PATCH_FAIL}'; exit 0",
@@ -180,6 +185,16 @@ def test_sh(instance: SweInstance, local: bool) -> str:
         'rm -f "$patch"',
         "set -uxo pipefail",
         *eval_lines(instance, conda=not local), ""])
+
+
+def _install_before_patch(instance: SweInstance, local: bool) -> list[str]:
+    """The repo's install command on the pristine tree (swebench runs it on the patched one):
+    the agent's setup.py never runs, let alone before the launcher."""
+    install = install_line(instance)
+    if install is None:
+        return []
+    conda = "" if local else "source /opt/miniconda3/bin/activate && conda activate testbed && "
+    return [f"( {conda}{install} ) > /dev/null 2>&1"]
 
 
 def harbor_reward_lines() -> list[str]:
