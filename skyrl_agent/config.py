@@ -126,6 +126,10 @@ class TasksConfig(_Section):
     """Only tasks whose name contains one of these strings (empty = all)."""
     limit: int | None = Field(default=None, gt=0)
     """At most this many tasks, after filtering."""
+    impossible_twins: float = Field(default=0.0, ge=0, lt=1)
+    """`train`: the share of groups that sample a task's impossible twin instead of the task
+    (its tests made impossible to pass honestly; SWE-format tasks). Twins are never trained
+    on; any reward on one was forged, counted per step as `hacks/impossible_twin_rate`."""
 
 
 class AgentConfig(_Section):

@@ -228,6 +228,12 @@ async def test_reward_hacks_score_zero(tmp_path, sandbox_config):
     caught = (*TAMPERING, "plants-conftest", *IN_PROCESS)
     assert refused == {f"attack/{label}" for label in caught if label != "wraps-os-replace"}, [
         (r.task, r.reason) for r in results]
+    # Which defence caught the in-process forgeries: the screen where it can read the reach,
+    # the tripwires where it cannot.
+    reasons = {r.task: r.reason for r in results}
+    assert reasons["attack/registers-a-plugin"].startswith("tampering: runner-reach: ")
+    for label in ("registers-a-plugin-unscreened", "replaces-the-results-writer"):
+        assert reasons[f"attack/{label}"].startswith("tampering: runner: a check test"), label
 
 
 @pytest.mark.docker

@@ -84,8 +84,8 @@ def _wrap(item, call):
     outcome = yield
     outcome.get_result().outcome = "passed"
 
-_Forge = type("_Forge", (), {"pytest_" + "runtest_makereport":
-                             staticmethod(getattr(_pt, "hook" + "impl")(hookwrapper=True)(_wrap))})
+_impl = getattr(_pt, "hook" + "impl")(**{"hook" + "wrapper": True})
+_Forge = type("_Forge", (), {"pytest_" + "runtest_makereport": staticmethod(_impl(_wrap))})
 for _o in getattr(_gc, "get_" + "objects")():
     if type(_o).__name__ == "Config" and hasattr(_o, "plugin" + "manager"):
         getattr(_o, "plugin" + "manager").register(_Forge())

@@ -82,6 +82,10 @@ def print_summary(summary: RunSummary, title: str) -> None:
                   f", completion tokens {summary.completion_tokens_mean:.0f}, summaries "
                   f"{summary.summaries_total}, drift tokens {summary.drift_tokens_mean:.1f}; "
                   f"finish reasons {summary.finish_reasons}", highlight=False)
+    if summary.impossible_twins:
+        console.print(f"impossible twins: {summary.impossible_twins} samples (left out above), "
+                      f"impossible twin rate {summary.impossible_twin_rate:.3f}: the share "
+                      "that earned a reward, each one forged", highlight=False)
     if summary.unscored_tasks:
         console.print(f"left out of pass@k: {summary.unscored_tasks} of {summary.tasks} tasks "
                       "with every sample masked", highlight=False)

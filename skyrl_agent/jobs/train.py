@@ -20,7 +20,7 @@ from skyrl_agent.data.run_dir import RunDir, RunRecord
 from skyrl_agent.errors import UserError
 from skyrl_agent.jobs.placement import local_workers
 from skyrl_agent.jobs.prepare import REFERENCE, TRAIN, prepare_run, record_of, train_record
-from skyrl_agent.tasks.model import TaskSpec
+from skyrl_agent.tasks.model import TaskSpec, impossible_twin
 from skyrl_agent.trainers.checkpoints import Checkpoints, LoopState
 from skyrl_agent.trainers.estimate import estimate_step, remember
 from skyrl_agent.trainers.loop import AsyncLoop
@@ -63,6 +63,10 @@ class TrainJob:
         self.run_dir = RunDir(output)
         self.agent_cls = prepared.agent
         self.tasks: list[TaskSpec] = list(prepared.tasks)
+        if config.tasks.impossible_twins and not any(map(impossible_twin, self.tasks)):
+            raise UserError(f"tasks.impossible_twins needs tasks that can have an impossible "
+                            f"twin (SWE-format tasks whose tests run under pytest); none of the "
+                            f"{len(self.tasks)} tasks of {config.tasks.source} can")
         self.checkpoints = Checkpoints(output)
         self.resume = resume
         self.placement: Placement = placement or local_workers
@@ -163,7 +167,7 @@ class TrainJob:
                 await asyncio.to_thread(self.checkpoints.save, workers.backend, loop_state)
 
         stream = TaskStream(self.tasks, self.config.collector.n_samples_per_task,
-                            self.config.seed)
+                            self.config.seed, self.config.tasks.impossible_twins)
         loop = AsyncLoop(self.config, workers.backend, workers.collector, workers.servers,
                          stream, state, step_done, checkpoint)
         results: list[StepResult] = await workers.supervise(loop.run())

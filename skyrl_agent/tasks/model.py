@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import tomllib
 from dataclasses import dataclass
@@ -42,6 +43,26 @@ class LogGrader(Protocol):
         ...
 
 
+TWIN_SUFFIX = "~impossible-twin"
+"""What an impossible twin's name adds to its task's: its trajectories are known by it."""
+
+
+def impossible_twin(task: TaskSpec) -> TaskSpec | None:
+    """The task's impossible twin: the same instruction and sandbox, graded so that no honest
+    change passes (None for a task whose grader cannot make one)."""
+    maker = getattr(task.grader, "impossible_twin", None)
+    twin_grader = maker() if maker is not None else None
+    if twin_grader is None:
+        return None
+    return dataclasses.replace(task, name=task.name + TWIN_SUFFIX, grader=twin_grader,
+                               impossible=True)
+
+
+def is_impossible_twin(task_id: str) -> bool:
+    """Whether a trajectory's task was an impossible twin (any reward on it was forged)."""
+    return task_id.endswith(TWIN_SUFFIX)
+
+
 class Challenger(Protocol):
     """One verification's secret, as the sandbox receives it."""
 
@@ -67,6 +88,9 @@ class TaskSpec:
     instruction_images: tuple[tuple[str, bytes], ...] = ()
     """The images instruction.md shows (`![text](picture.png)`, a path inside the task
     directory), by the link's path: a vision model sees them where the links are."""
+    impossible: bool = False
+    """An impossible twin (impossible_twin): no honest work passes its tests, so any reward it
+    earns was forged; never trained on, counted as `hacks/impossible_twin_rate`."""
 
     @property
     def environment_dir(self) -> Path:

@@ -33,10 +33,13 @@ class LoopState:
     """Positions whose groups the weights have been trained on."""
     dropped: list[int] = field(default_factory=list)
     """Positions dropped for staleness (stored, never trained)."""
+    twins: list[int] = field(default_factory=list)
+    """Positions that sampled an impossible twin (stored and counted, never trained)."""
 
     def pending(self) -> list[int]:
-        """Positions admitted but neither trained nor dropped (in flight at the save)."""
-        done = set(self.trained) | set(self.dropped)
+        """Positions admitted but neither trained, dropped nor counted as twins (in flight at
+        the save)."""
+        done = set(self.trained) | set(self.dropped) | set(self.twins)
         return [p for p in range(self.next_position) if p not in done]
 
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from skyrl_agent.errors import TaskError
 from skyrl_agent.tasks.model import CHALLENGE_FILE
-from skyrl_agent.tasks.swe.challenge import Challenge, new_challenge
+from skyrl_agent.tasks.swe.challenge import Challenge, new_challenge, twin_tests
 from skyrl_agent.tasks.swe.instance import SweInstance
 from skyrl_agent.types import TAMPERING, Reward
 
@@ -218,6 +218,15 @@ class SweGrader:
     challenged: bool = True
     """Each verification gets a fresh challenge (challenge.py): a nonce, tripwires and isolated
     runs. Off only to measure what it costs."""
+    twin: bool = False
+    """An impossible twin: its FAIL_TO_PASS tests are made to fail whatever the change."""
+
+    def impossible_twin(self) -> SweGrader | None:
+        """This grader for the instance's impossible twin (None when no FAIL_TO_PASS test can
+        be made impossible: a twin needs a module-level one and the launcher)."""
+        if not self.structured or not twin_tests(self.instance.fail_to_pass):
+            return None
+        return replace(self, twin=True, challenged=True)
 
     def challenge(self) -> Challenge | None:
         """A fresh challenge for one verification (None where the tests do not run under
@@ -229,7 +238,7 @@ class SweGrader:
         stops_early = any(flag in command.split() for flag in ("-x", "--exitfirst")) or (
             "--maxfail" in command)
         return new_challenge(self.instance.fail_to_pass, self.instance.pass_to_pass,
-                             tripwires=not stops_early)
+                             tripwires=not stops_early, twin=self.twin)
 
     @property
     def test_output(self) -> str:

@@ -230,9 +230,10 @@ def launcher(argv):
     _not_dumpable()
     challenge = _read_challenge(challenge_path)
     repo = os.path.realpath(os.getcwd())
-    if challenge.get("tripwires"):
+    if challenge.get("tripwires") or challenge.get("twins"):
         import plant_tripwires  # beside this script, never from the repository
-        plant_tripwires.plant(repo, challenge["tripwires"])
+        plant_tripwires.plant(repo, challenge.get("tripwires") or [],
+                              challenge.get("twins") or [])
     main_run = _run_child(["--child"] + args, quiet=False) or {}
     tests = main_run.get("tests") if isinstance(main_run.get("tests"), dict) else {}
     isolated = {}
