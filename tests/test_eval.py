@@ -16,7 +16,9 @@ import pytest
 
 from skyrl_agent.data.run_dir import RunDir
 from skyrl_agent.data.store import TrajectoryStore
+from skyrl_agent.evaluation.hacks import hack_report
 from skyrl_agent.evaluation.stats import describe_time, pass_at_curve, pass_at_k, summarize
+from skyrl_agent.tasks.model import TWIN_SUFFIX
 from tests.test_html_report import dump_dom
 from tests.test_store import make_trajectory
 
@@ -69,6 +71,23 @@ def test_the_time_account_is_a_mean_per_bucket_described_by_its_share():
 
 def masked(trajectory):
     return dataclasses.replace(trajectory, masked=True, mask_reason="agent timeout")
+
+
+def test_impossible_twins_are_counted_apart():
+    """Samples of impossible twins give the twin rate (rewarded ones over unmasked ones) and
+    touch no other number: a forged reward on a twin must not raise the run's reward."""
+    twin = "swe/a" + TWIN_SUFFIX
+    runs = [make_trajectory("swe/a", 0, 0.0), make_trajectory("swe/a", 1, 1.0),
+            make_trajectory(twin, 2, 1.0), make_trajectory(twin, 3, 0.0),
+            make_trajectory(twin, 4, 1.0), masked(make_trajectory(twin, 5, 1.0))]
+    summary = summarize(runs)
+    assert (summary.impossible_twins, summary.impossible_twin_rate) == (3, pytest.approx(2 / 3))
+    assert (summary.trajectories, summary.tasks, summary.reward_mean) == (2, 1, 0.5)
+    assert summary.masked == 0 and summary.pass_at[1] == 0.5
+    assert summarize(runs[:2]).impossible_twins == 0
+    report = hack_report(runs, None)
+    assert [(f.task_id, f.reasons) for f in report.flagged] == [
+        (twin, ("a reward on an impossible twin",))] * 2
 
 
 def test_pass_at_k_leaves_masked_samples_out():

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import secrets
+
 import pytest
 
 from skyrl_agent.config import SandboxConfig, VerifierConfig
 from skyrl_agent.envs.episode import AgentOutcome, fresh_sandboxes, run_episode
 from skyrl_agent.envs.verifier import parse_reward_json
 from skyrl_agent.tasks import load_task
-from skyrl_agent.types import FailureKind, FinishReason
+from skyrl_agent.types import FailureKind, FinishReason, Reward
 from tests.helpers import make_task
 
 R = "/logs/verifier"
@@ -158,3 +162,47 @@ async def test_test_sh_runs_as_a_non_root_verifier_user_on_docker(tmp_path, mode
     episode = await run_episode(task, nothing, fresh_sandboxes(SandboxConfig(backend="docker")),
                                 VerifierConfig(default_mode=mode))
     assert episode.reward.value == 1.0, episode.reward.reason
+
+
+@dataclasses.dataclass(frozen=True)
+class _Nonce:
+    value: str
+
+    def to_json(self) -> str:
+        return json.dumps({"nonce": self.value})
+
+
+@dataclasses.dataclass(frozen=True)
+class _EchoGrader:
+    """A LogGrader whose tests must echo the verification's nonce (a fresh one each time)."""
+
+    with_challenge: bool
+    test_output: str = f"{R}/echo.txt"
+
+    def challenge(self) -> _Nonce | None:
+        return _Nonce(secrets.token_hex(8)) if self.with_challenge else None
+
+    def grade(self, script_log: str, test_output: str | None, challenge=None) -> Reward:
+        echoed = "" if test_output is None else test_output
+        passed = challenge.value in echoed if challenge is not None else echoed == "none\n"
+        return Reward(float(passed), {"reward": float(passed)}, reason=script_log.strip() or None)
+
+
+@pytest.mark.parametrize("with_challenge", [True, False])
+async def test_a_graders_challenge_reaches_its_tests_alone(tmp_path, with_challenge):
+    """The verifier writes a grader's fresh challenge beside test.sh, after the agent is gone,
+    and grades with that same challenge; the agent's sandbox never holds it."""
+    test_sh = (f"cat /tests/challenge.json > {R}/echo.txt 2>/dev/null || echo none > {R}/echo.txt;"
+               f" stat -c %a /tests/challenge.json 2>/dev/null\n")
+    task = load_task(make_task(tmp_path, "challenged", test_sh))
+    task = dataclasses.replace(task, grader=_EchoGrader(with_challenge))
+    seen = {}
+
+    async def act(env) -> AgentOutcome:
+        seen["agent"] = (await env.exec("ls /tests/challenge.json", timeout=30)).ok
+        return AgentOutcome(FinishReason.STOP)
+
+    episode = await run_episode(task, act, fresh_sandboxes(SandboxConfig()), VerifierConfig())
+    assert seen == {"agent": False}
+    assert episode.reward.value == 1.0, episode.reward
+    assert episode.reward.reason == ("600" if with_challenge else None)  # root's alone
