@@ -12,6 +12,13 @@ from transformers import AutoTokenizer
 
 from skyrl_agent.agents.session import LLMSession, SessionConfig
 from skyrl_agent.capture import CaptureProxy
+from skyrl_agent.inference.bounds import (
+    MAX_LOGPROBS,
+    MAX_MESSAGES,
+    MAX_STOP_CHARS,
+    MAX_STOP_STRINGS,
+    MAX_TOOLS,
+)
 from skyrl_agent.inference.client import InferenceClient
 from skyrl_agent.inference.process import embedded_server
 from tests.scripted_server import ScriptedServer, replies
@@ -219,6 +226,46 @@ async def test_keys_isolate_sessions_and_bad_input_is_refused(tokenizer):
         assert (await post(f"{second.base_url}/chat/completions", chat))[0] == 200
     assert sum(len(s.turns) for s in one.segments) == 1  # nothing refused was recorded
     assert sum(len(s.turns) for s in two.segments) == 2
+
+
+async def test_every_request_field_is_bounded_in_every_format(tokenizer):
+    """Stops a sandboxed agent from sending what the model server pays for after every token
+    or per sequence: each field at bound + 1 is refused with one line, in the chat, text,
+    Responses and Messages formats (a single stop string of any length was taken); fields the
+    proxy does not forward (stop_token_ids, logit_bias) are ignored."""
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    over = [
+        ("chat/completions", {**chat, "stop": ["x"] * (MAX_STOP_STRINGS + 1)}, "stop strings"),
+        ("chat/completions", {**chat, "stop": "x" * (MAX_STOP_CHARS + 1)}, "stop strings"),
+        ("chat/completions", {**chat, "n": 2}, "n must be 1"),
+        ("chat/completions", {**chat, "tools": [{}] * (MAX_TOOLS + 1)}, "at most 256 items"),
+        ("chat/completions", {**chat, "messages": chat["messages"] * (MAX_MESSAGES + 1)},
+         "at most 4096 items"),
+        ("completions", {"prompt": "hi", "logprobs": MAX_LOGPROBS + 1}, "logprobs"),
+        ("completions", {"prompt": "hi", "stop": "x" * (MAX_STOP_CHARS + 1)}, "stop strings"),
+        ("completions", {"prompt": ["hi", "ho"]}, "give one prompt"),
+        ("messages", {"model": "m", "max_tokens": 4, "messages": chat["messages"],
+                      "stop_sequences": ["x"] * (MAX_STOP_STRINGS + 1)}, "stop strings"),
+        ("responses", {"model": "m", "input": "hi", "tools": [
+            {"type": "function", "name": "f"}] * (MAX_TOOLS + 1)}, "at most 256 items"),
+        ("responses", {"model": "m", "input": [{"role": "user", "content": "hi"}]
+                       * (MAX_MESSAGES + 1)}, "at most 4096 items"),
+    ]
+    async with (ScriptedServer(tokenizer, replies("a")) as server,
+                InferenceClient([server.url]) as client, CaptureProxy() as proxy,
+                aiohttp.ClientSession() as http):
+        handle = proxy.open(session(client, tokenizer))
+        for path, body, words in over:
+            async with http.post(f"{handle.base_url}/{path}", json=body) as response:
+                reply = await response.json()
+            message = reply["error"]["message"]
+            assert response.status == 400 and words in message, (path, message)
+            assert "\n" not in message
+        ignored = {"stop_token_ids": list(range(10**5)), "logit_bias": {"1": 100}}
+        async with http.post(f"{handle.base_url}/chat/completions",
+                             json={**chat, **ignored}) as response:
+            assert response.status == 200
+        assert len(server.prompts) == 1  # nothing refused reached the model server
 
 
 async def test_a_prompt_past_the_context_is_an_openai_context_error(tokenizer, monkeypatch):

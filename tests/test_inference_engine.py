@@ -441,3 +441,18 @@ async def test_samples_of_one_request_join_in_parts_when_the_budget_cannot_take_
     assert max(abs(a - b) for p, w in zip(parts, whole, strict=True)
                for a, b in zip(p.logprobs, w.logprobs, strict=True)) < 1e-4
     assert stats.kv_peak_bytes <= stats.kv_budget_bytes and stats.requests_total == 1
+
+
+async def test_a_request_with_many_samples_leaves_room_for_others(engine):
+    """Stops: one request whose n fills the batch keeping every later request out until its
+    samples finish (n at its bound beside an 8-token request: 2.3x the latency alone). One
+    request holds at most half the batch, so a short request sent just after it joins at once
+    and finishes first; the long one still gets all its samples."""
+    long = asyncio.create_task(engine.generate(PROMPTS[2], greedy(60), n=8))
+    while engine.stats().running == 0:
+        await asyncio.sleep(0.01)
+    assert engine.stats().running == engine.row_share == 4
+    short = asyncio.create_task(engine.generate(PROMPTS[1], greedy(2)))
+    done, _ = await asyncio.wait({long, short}, return_when=asyncio.FIRST_COMPLETED)
+    assert done == {short}
+    assert [len(o.token_ids) for o in await long] == [60] * 8

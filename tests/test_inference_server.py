@@ -19,6 +19,16 @@ from prometheus_client.parser import text_string_to_metric_families
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from skyrl_agent.inference.bounds import (
+    MAX_LOGPROBS,
+    MAX_MESSAGES,
+    MAX_N,
+    MAX_PROMPT_CHUNKS,
+    MAX_STOP_CHARS,
+    MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
+    MAX_TOOLS,
+)
 from skyrl_agent.inference.client import InferenceClient, Sampling
 from skyrl_agent.inference.process import ServerProcess, embedded_server
 from tests.inference_helpers import max_abs_diff, teacher_forced_logprobs
@@ -282,6 +292,11 @@ def test_update_weights_reads_only_files_in_the_weights_folders(server, control_
     assert code == 200, reply
 
 
+BOUNDED = [("/v1/completions", {"prompt": "hi", "max_tokens": 1}),
+           ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                                     "max_tokens": 1})]
+
+
 @pytest.mark.parametrize("path, body, words", [
     ("/v1/completions", {"prompt": "hi", "max_tokens": 1, "seed": 2**80}, "seed"),
     ("/v1/completions", {"prompt": "hi", "max_tokens": 1, "seed": -1}, "seed"),
@@ -289,15 +304,51 @@ def test_update_weights_reads_only_files_in_the_weights_folders(server, control_
     ("/tokenize", {"prompt": "a " * 600_000}, "at most 1048576"),
     ("/v1/completions", {"prompt": "a " * 600_000, "max_tokens": 1}, "at most 1048576"),
     ("/tokenize", {"messages": [{"role": "user", "content": "a " * 600_000}]}, "at most"),
+    *[(path, {**body, **field}, words) for path, body in BOUNDED for field, words in [
+        ({"stop": ["x"] * (MAX_STOP_STRINGS + 1)}, "at most 16 stop strings"),
+        ({"stop": "x" * (MAX_STOP_CHARS + 1)}, "at most 16 stop strings"),
+        ({"stop_token_ids": [2] * (MAX_STOP_TOKEN_IDS + 1)}, "at most 64 stop_token_ids"),
+        ({"n": MAX_N + 1}, "n: Input should be less than or equal to 64"),
+        ({"logit_bias": {"2": 5}}, "unknown field 'logit_bias'"),
+    ]],
+    ("/v1/completions", {"prompt": "hi", "logprobs": MAX_LOGPROBS + 1}, "logprobs"),
+    ("/v1/completions", {"prompt_chunks": [{"tokens": [1]}] * (MAX_PROMPT_CHUNKS + 1)},
+     "at most 65 items"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                              "logprobs": True, "top_logprobs": MAX_LOGPROBS + 1},
+     "top_logprobs"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]
+                              * (MAX_MESSAGES + 1)}, "at most 4096 items"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                              "tools": [{}] * (MAX_TOOLS + 1)}, "at most 256 items"),
+    ("/tokenize", {"messages": [{"role": "user", "content": "x"}] * (MAX_MESSAGES + 1)},
+     "at most 4096 items"),
 ])
 @pytest.mark.serial
 def test_each_request_bound_answers_4xx_at_once(server, path, body, words):
     """Stops one request from holding the server: 200 prompts x n=64 took 98 s of CPU, 8 MB to
-    /tokenize grew the server by 560 MiB, and seed=2**80 ran 17 s into an HTTP 500."""
+    /tokenize grew the server by 560 MiB, and seed=2**80 ran 17 s into an HTTP 500; 2.5 M
+    stop_token_ids or 300,000 stop strings, checked after every sampled token, made an 8-token
+    request beside them 5-11x slower. Every field at bound + 1 (inference/bounds.py)."""
     started = time.monotonic()
     code, reply = post(server, path, body)
     assert code == 400 and words in reply["error"]["message"], reply
     assert time.monotonic() - started < 5
+
+
+def test_a_request_at_every_bound_is_served(server):
+    """The bounds refuse only what is past them: a request with every list field at its bound
+    is answered."""
+    stops = {"stop": [chr(65 + i) * MAX_STOP_CHARS for i in range(MAX_STOP_STRINGS)],
+             "stop_token_ids": list(range(10, 10 + MAX_STOP_TOKEN_IDS))}
+    code, reply = post(server, "/v1/completions", {"prompt": "hi", "max_tokens": 4, **stops,
+                                                   "logprobs": MAX_LOGPROBS, "n": 2})
+    assert code == 200 and len(reply["choices"]) == 2, reply
+    assert len(reply["choices"][0]["logprobs"]["top_logprobs"][0]) == MAX_LOGPROBS
+    code, reply = post(server, "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "x"}], "max_tokens": 4, **stops,
+        "logprobs": True, "top_logprobs": MAX_LOGPROBS})
+    assert code == 200, reply
 
 
 def _tiny_server(model_dir, env: dict[str, str]) -> ServerProcess:

@@ -16,8 +16,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-MAX_MESSAGES = 4096
-"""Most messages one request may hold."""
+from skyrl_agent.inference.bounds import MAX_LOGPROBS, MAX_MESSAGES, MAX_TOOLS, check_stop
+
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
 
@@ -53,8 +53,7 @@ class _Request(BaseModel):
     @field_validator("stop")
     @classmethod
     def _few_stops(cls, value: str | list[str] | None) -> str | list[str] | None:
-        if isinstance(value, list) and (len(value) > 16 or any(len(s) > 256 for s in value)):
-            raise ValueError("at most 16 stop strings of at most 256 characters")
+        check_stop(value)
         return value
 
     @property
@@ -68,7 +67,7 @@ class ChatRequest(_Request):
     """POST /v1/chat/completions."""
 
     messages: list[dict[str, Any]] = Field(min_length=1, max_length=MAX_MESSAGES)
-    tools: list[dict[str, Any]] | None = Field(default=None, max_length=256)
+    tools: list[dict[str, Any]] | None = Field(default=None, max_length=MAX_TOOLS)
     tool_choice: str | dict[str, Any] | None = None
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool | None = False
@@ -86,7 +85,7 @@ class TextRequest(_Request):
     """POST /v1/completions (text prompts; token-id prompts would bypass the recording)."""
 
     prompt: str | list[str]
-    logprobs: int | None = Field(default=None, ge=0, le=20)
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
 
     @property
     def text(self) -> str:

@@ -52,12 +52,26 @@ def tinker_serve(
              "DATA_DIR/api-keys/NAME (mode 0600). Tenants share the base models but not their "
              "training models, sessions or checkpoints (unless published); the --api-key's "
              "tenant is `default`.")] = None,
+    max_lora_rank: Annotated[int, typer.Option(
+        min=1, help="Per tenant: the highest LoRA rank a training model may have.")] = 64,
+    max_models: Annotated[int, typer.Option(
+        min=1, help="Per tenant: live training models (a model is released when its "
+                    "ServiceClient closes).")] = 16,
+    tenant_memory_gb: Annotated[float, typer.Option(
+        min=0.001, help="Per tenant: GiB of trained state (parameters, gradients, Adam "
+                        "moments; estimated from the base's weight shapes) its live training "
+                        "models may hold.")] = 32.0,
 ) -> None:
     """Serve the Tinker API (training clients, sampling clients, checkpoints) for the tinker
     SDK: ServiceClient(base_url="http://HOST:PORT", api_key=KEY)."""
     from skyrl_agent.errors import ConfigError
     from skyrl_agent.inference.models import cache_dir
-    from skyrl_agent.tinker.config import TINKER_KEY_PREFIX, BaseModels, ServiceOptions
+    from skyrl_agent.tinker.config import (
+        TINKER_KEY_PREFIX,
+        BaseModels,
+        ServiceOptions,
+        TenantQuota,
+    )
 
     if api_key and not api_key.startswith(TINKER_KEY_PREFIX):
         raise ConfigError(f"--api-key must start with {TINKER_KEY_PREFIX} (the tinker SDK "
@@ -68,7 +82,8 @@ def tinker_serve(
                              models=tuple(model or ["smollm2-135m"]),
                              micro_batch_tokens=micro_batch_tokens, backend=backend,
                              data_parallel=data_parallel, tensor_parallel=tensor_parallel,
-                             max_batch_size=max_batch_size, engine=engine)
+                             max_batch_size=max_batch_size, engine=engine,
+                             quota=TenantQuota(max_lora_rank, max_models, tenant_memory_gb))
     BaseModels(list(options.models))  # bad names fail here, before torch is imported
     tenants = tenant or []
     for index, name in enumerate(tenants):

@@ -135,11 +135,11 @@ class TinkerApp:
         return web.json_response({"type": "create_session", "session_id": session_id})
 
     async def heartbeat(self, request: web.Request) -> web.Response:
-        # Sessions from before a restart are welcome too: nothing hangs on a session's state.
-        # A closed one answers 410, which ends the heartbeats of any client still holding it
-        # (a sampler rebuilt from a handle shares its session).
+        # Sessions are kept on disk, so those from before a restart are known too. A closed
+        # one answers 410, which ends the heartbeats of any client still holding it (a sampler
+        # rebuilt from a handle shares its session); another tenant's is unknown (404).
         body = await self._body(request, self.types.SessionHeartbeatRequest)
-        if self.service.catalog.session_finished(body.session_id, request[TENANT]):
+        if self.service.catalog.owned_session(body.session_id, request[TENANT]).finished:
             return _detail(410, f"session {body.session_id} has finished")
         return web.json_response({"type": "session_heartbeat"})
 

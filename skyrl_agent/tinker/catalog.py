@@ -23,6 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from skyrl_agent.atomic import atomic_write_text
+from skyrl_agent.inference.bounds import MAX_TTL_SECONDS
 from skyrl_agent.tinker.errors import TinkerNotFound, TinkerUserError
 from skyrl_agent.tinker.store import (
     RUN_ID,
@@ -85,13 +86,12 @@ class Catalog:
             atomic_write_text(self._session_file(session_id),
                               record.model_copy(update={"finished": True}).model_dump_json())
 
-    def session_finished(self, session_id: str, tenant: str) -> bool:
+    def owned_session(self, session_id: str, tenant: str) -> SessionRecord:
+        """`tenant`'s session; another tenant's is as unknown as a missing one."""
         record = self._read(self._session_file(session_id), SessionRecord)
-        return record is not None and record.owner == tenant and record.finished
-
-    def session_owner(self, session_id: str) -> str | None:
-        record = self._read(self._session_file(session_id), SessionRecord)
-        return None if record is None else record.owner
+        if record is None or record.owner != tenant:
+            raise TinkerNotFound(f"unknown session {session_id!r}")
+        return record
 
     def run_owner(self, run: str) -> str:
         record = self._run(run)
@@ -131,13 +131,18 @@ class Catalog:
         self.expire(self.owned(tinker_path, tenant).path, ttl_seconds)
 
     @staticmethod
+    def check_ttl(ttl_seconds: int | None) -> None:
+        if ttl_seconds is not None and not 0 < ttl_seconds <= MAX_TTL_SECONDS:
+            raise TinkerUserError(f"ttl_seconds must be 1..{MAX_TTL_SECONDS} (10 years), "
+                                  "or null")
+
+    @staticmethod
     def expire(folder: Path, ttl_seconds: int | None) -> None:
         """Give a checkpoint folder a lifetime (None: forever)."""
+        Catalog.check_ttl(ttl_seconds)
         marker = folder / "expires_at"
         if ttl_seconds is None:
             marker.unlink(missing_ok=True)
-        elif ttl_seconds <= 0:
-            raise TinkerUserError("ttl_seconds must be positive")
         else:
             atomic_write_text(marker, str(time.time() + ttl_seconds))
 

@@ -17,6 +17,17 @@ from skyrl_agent.tinker.errors import TinkerUserError
 
 
 @dataclass(frozen=True)
+class TenantQuota:
+    """What each tenant's training models may hold (quotas.py enforces it)."""
+
+    max_lora_rank: int = 64
+    max_models: int = 16
+    """Live training models (each LoRA model is an adapter and its optimizer state)."""
+    max_memory_gb: float = 32.0
+    """Estimated trained state (parameters, gradients, Adam moments) of its live models."""
+
+
+@dataclass(frozen=True)
 class ServiceOptions:
     data_dir: Path
     """Checkpoints and sampling sessions (survive a restart)."""
@@ -34,6 +45,8 @@ class ServiceOptions:
     """What samples: `embedded` (the project's server) or `vllm` (as inference.engine)."""
     poll_s: float = 30.0
     """How long retrieve_future holds a request open before answering try_again."""
+    quota: TenantQuota = TenantQuota()
+    """Per tenant: LoRA rank, live training models and their memory."""
 
 
 CHUNK_BYTES = 5_000_000

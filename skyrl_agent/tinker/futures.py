@@ -9,9 +9,8 @@ the original request again (what it does after a server restart).
 from __future__ import annotations
 
 import asyncio
-import itertools
+import secrets
 import time
-import uuid
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -37,7 +36,7 @@ class _Entry:
     kind: str
     owner: str
     """The tenant that sent the request: the only one that may read its result (ids are
-    counters, so another tenant could guess them)."""
+    random, but one may be seen: a sequence id carries its request's)."""
     done: asyncio.Event = field(default_factory=asyncio.Event)
     result: Result | None = None
     finished_at: float = 0.0
@@ -50,13 +49,11 @@ class FutureStore:
         self.keep_s = keep_s
         self._entries: dict[str, _Entry] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        self._prefix = uuid.uuid4().hex[:8]
-        self._counter = itertools.count()
 
     def submit(self, kind: str, work: Awaitable[Result], owner: str) -> str:
         """Start `owner`'s `work` in the background; returns its request id."""
         self._expire()
-        request_id = f"{self._prefix}-{next(self._counter)}"
+        request_id = secrets.token_hex(16)
         entry = _Entry(kind, owner)
         self._entries[request_id] = entry
         task = asyncio.get_running_loop().create_task(self._settle(entry, work))

@@ -52,6 +52,8 @@ class TrainingModel:
     """seq_id -> request id: a request the client sent again gets the first one's future."""
     saves: int = 0
     """Sampler-weight versions handed out so far."""
+    memory: int = 0
+    """Estimated bytes of trained state, counted against its owner's quota (quotas.py)."""
 
 
 def make_backend(base: BaseInfo, spec: ModelSpec, seed: int | None,

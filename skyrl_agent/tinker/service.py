@@ -10,12 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
+import secrets
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from skyrl_agent.inference.bounds import (
+    MAX_METADATA_CHARS,
+    MAX_METADATA_ENTRIES,
+    MAX_N,
+    MAX_TOPK_PROMPT_LOGPROBS,
+    check_stop,
+    check_stop_ids,
+)
 from skyrl_agent.inference.client import Sampling
 from skyrl_agent.inference.vision import Rendered
 from skyrl_agent.tinker import training
@@ -27,13 +35,12 @@ from skyrl_agent.tinker.images import prompt_with_images
 from skyrl_agent.tinker.models import TrainingModel, lora_spec, make_backend
 from skyrl_agent.tinker.ordering import SeqOrder
 from skyrl_agent.tinker.proto import ForwardBackwardCall, encode_sample
+from skyrl_agent.tinker.quotas import admit, trained_bytes
 from skyrl_agent.tinker.sampling import Sampler
 from skyrl_agent.tinker.store import ModelSpec, SamplerRef, Store
 from skyrl_agent.trainers.backend import AdamParams
 
 log = logging.getLogger(__name__)
-MAX_SAMPLES = 64
-MAX_TOPK = 100
 
 
 class TinkerService:
@@ -63,12 +70,16 @@ class TinkerService:
     # ---- sessions ---------------------------------------------------------------------------
 
     def create_session(self, tenant: str, user_metadata: dict[str, Any] | None) -> str:
-        session_id = uuid.uuid4().hex[:16]
+        _check_metadata(user_metadata)
+        # Unguessable, though ids are no secret (a published checkpoint's run id holds its
+        # session's): every use is checked against the caller's tenant.
+        session_id = secrets.token_hex(16)
         self.catalog.record_session(session_id, tenant, user_metadata)
         return session_id
 
     async def finish_session(self, session_id: str, tenant: str) -> None:
         """Release the session's training models, after the requests already sent to them."""
+        self.catalog.owned_session(session_id, tenant)
         self.catalog.finish_session(session_id, tenant)
         prefix = f"{session_id}:train:"
         for model_id in [m for m, model in self.models.items()
@@ -116,9 +127,7 @@ class TinkerService:
                           lambda: self._in_worker(create_and_load))
 
     def _new_model_id(self, session_id: str, model_seq_id: int, tenant: str) -> str:
-        owner = self.catalog.session_owner(session_id)
-        if owner is not None and owner != tenant:
-            raise TinkerUserError(f"unknown session {session_id!r}")
+        self.catalog.owned_session(session_id, tenant)
         return f"{session_id}:train:{model_seq_id}"
 
     def info(self, model_id: str, tenant: str) -> dict[str, Any]:
@@ -149,6 +158,8 @@ class TinkerService:
 
     def save_state(self, model_id: str, seq_id: int | None, name: str | None,
                    overwrite: bool, ttl_seconds: int | None, tenant: str) -> str:
+        Catalog.check_ttl(ttl_seconds)  # before the save: refused afterwards, it would be kept
+
         def save(model: TrainingModel) -> Result:
             return training.save_state(model, self.store, name, overwrite, ttl_seconds)
 
@@ -165,6 +176,7 @@ class TinkerService:
     def save_for_sampler(self, model_id: str, seq_id: int | None, name: str | None,
                          sampling_session_seq_id: int | None, ttl_seconds: int | None,
                          tenant: str) -> str:
+        Catalog.check_ttl(ttl_seconds)
         session = model_id.split(":train:")[0]
         sampling_id = None if sampling_session_seq_id is None else \
             f"{session}:sample:{sampling_session_seq_id}"
@@ -176,6 +188,8 @@ class TinkerService:
 
     def create_sampling_session(self, session_id: str, seq: int, base_model: str | None,
                                 model_path: str | None, tenant: str) -> str:
+        # Only in the caller's own session: another tenant's id would overwrite its record.
+        self.catalog.owned_session(session_id, tenant)
         ref = self._sampler_ref(base_model, model_path, tenant)
         sampling_id = f"{session_id}:sample:{seq}"
         self.store.save_session(sampling_id, ref)
@@ -218,10 +232,15 @@ class TinkerService:
 
     def _add_model(self, model_id: str, spec: ModelSpec, seed: int | None,
                    owner: str) -> TrainingModel:
-        """On the worker thread: load the backend and register the model."""
+        """On the worker thread (one, so admissions never race): admit the model against its
+        owner's quota, load the backend and register the model."""
         base = self.bases.get(spec.base_model)
+        cost = trained_bytes(base, spec)
+        admit(self.options.quota, owner, spec, cost,
+              [m.memory for m in list(self.models.values()) if m.owner == owner])
         backend = make_backend(base, spec, seed, self.options, self.frozen_bases)
-        model = TrainingModel(model_id, spec, base, backend, owner, SeqOrder(next_seq=1))
+        model = TrainingModel(model_id, spec, base, backend, owner, SeqOrder(next_seq=1),
+                              memory=cost)
         self.catalog.record_run(model_id, owner, spec)
         self.models[model_id] = model
         log.info("model %s: %s", model_id, training.describe(spec))
@@ -263,7 +282,7 @@ class TinkerService:
     def _session(self, sampling_id: str, tenant: str) -> SamplerRef:
         ref = self.store.load_session(sampling_id)
         if ref is None or ref.owner != tenant:
-            raise TinkerUserError(f"unknown sampling session {sampling_id!r}")
+            raise TinkerNotFound(f"unknown sampling session {sampling_id!r}")
         return ref
 
     def _sampler_ref(self, base_model: str | None, model_path: str | None,
@@ -286,16 +305,35 @@ async def _fail(message: str) -> Result:
 
 
 def _check_sample_request(request: Any) -> None:
-    if not 1 <= request.num_samples <= MAX_SAMPLES:
-        raise TinkerUserError(f"num_samples must be 1..{MAX_SAMPLES}")
-    if not 0 <= request.topk_prompt_logprobs <= MAX_TOPK:
-        raise TinkerUserError(f"topk_prompt_logprobs must be 0..{MAX_TOPK}")
+    if not 1 <= request.num_samples <= MAX_N:
+        raise TinkerUserError(f"num_samples must be 1..{MAX_N}")
+    if not 0 <= request.topk_prompt_logprobs <= MAX_TOPK_PROMPT_LOGPROBS:
+        raise TinkerUserError(f"topk_prompt_logprobs must be 0..{MAX_TOPK_PROMPT_LOGPROBS}")
+    stop = request.sampling_params.stop
+    try:  # checked after every sampled token, by the sampler's server
+        if isinstance(stop, str):
+            check_stop(stop)
+        elif stop is not None:
+            check_stop([s for s in stop if isinstance(s, str)])
+            check_stop_ids([s for s in stop if not isinstance(s, str)])
+    except ValueError as exc:
+        raise TinkerUserError(f"sampling_params.stop: {exc}") from None
     unsupported = [name for name in ("topk_sample_logprobs", "prompt_alt_tokens_k")
                    if getattr(request, name, 0)]
     unsupported += [name for name in ("target_prompt_logprobs", "prompt_logprobs_last_n")
                     if getattr(request, name, None) is not None]
     if unsupported:
         raise TinkerUserError(f"not supported by this server: {', '.join(unsupported)}")
+
+
+def _check_metadata(metadata: dict[str, Any] | None) -> None:
+    """A session's metadata is stored with it: bounded, as every field a client writes."""
+    entries = list((metadata or {}).items())
+    if len(entries) > MAX_METADATA_ENTRIES or any(
+            len(str(k)) > MAX_METADATA_CHARS or len(str(v)) > MAX_METADATA_CHARS
+            for k, v in entries):
+        raise TinkerUserError(f"user_metadata: at most {MAX_METADATA_ENTRIES} entries of at "
+                              f"most {MAX_METADATA_CHARS} characters each")
 
 
 def _prompt(prompt: Any, folder: Path, name: str) -> Rendered:

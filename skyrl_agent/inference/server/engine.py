@@ -5,7 +5,9 @@ steps, so there are no locks around the model. The asyncio side talks to it thro
 callables and gets answers through futures.
 
 Each loop iteration admits at most one waiting request (prefill, reusing a cached prefix when one
-matches) into the running batch, then decodes one token for every running row. Pausing with
+matches) into the running batch, then decodes one token for every running row. One request holds
+at most half the batch's rows at once (its other samples wait their turn), so a request with
+many samples cannot keep the others out of the batch. Pausing with
 `keep` simply stops iterating: the rows and their KV cache stay where they are.
 
 KV memory (running batch + prefix cache) stays within `kv_cache_mb`: see kv_budget.py. Weight
@@ -219,10 +221,10 @@ class Engine:
                 self._enter_pause()
             busy = False
             try:
-                rows = self._admissible_rows()
-                if rows:
+                admission = self._next_admission()
+                if admission is not None:
                     busy = True
-                    self._admit(self._waiting[0], rows)
+                    self._admit(*admission)
                 if self._rows and not self._paused:
                     self._decode()
                     busy = True
@@ -234,15 +236,30 @@ class Engine:
                 self._wake.wait(timeout=1.0)
                 self._wake.clear()
 
-    def _admissible_rows(self) -> int:
-        """How many rows of the first waiting request may join the batch now (0: none). The
-        `n` samples of one request join in parts when the KV budget cannot take them at once."""
-        if self._paused or self._draining or not self._waiting:
-            return 0
-        request = self._waiting[0]
-        rows = request.n - request.admitted
-        if self._rows:
-            rows = min(rows, self.max_batch_size - len(self._rows))
+    def _next_admission(self) -> tuple[_Request, int] | None:
+        """The first waiting request that may add rows to the batch now, and how many (None:
+        none). Requests are served in order; one that holds its share of the batch already
+        lets the next one in rather than blocking it."""
+        if self._paused or self._draining:
+            return None
+        for request in self._waiting:
+            held = sum(row.request is request for row in self._rows)
+            if held < self.row_share:
+                rows = self._admissible_rows(request, self.row_share - held)
+                return (request, rows) if rows else None
+        return None
+
+    @property
+    def row_share(self) -> int:
+        """The most rows one request holds in the batch at once."""
+        return max(1, self.max_batch_size // 2)
+
+    def _admissible_rows(self, request: _Request, share: int) -> int:
+        """How many rows of `request` may join the batch now (0: none). The `n` samples of one
+        request join in parts: within its share, and when the KV budget cannot take them at
+        once."""
+        rows = min(request.n - request.admitted, share,
+                   self.max_batch_size - len(self._rows))
         # Every row is reserved at the longest reach in the batch (rows are padded to it).
         fits = (self.kv.tokens - len(request.prompt_ids)) // self._reach(request) - len(self._rows)
         return max(0, min(rows, fits))
@@ -256,7 +273,7 @@ class Engine:
         first = request.admitted
         request.admitted += rows
         if request.admitted == request.n:
-            self._waiting.popleft()
+            self._waiting.remove(request)
         rows_before = len(self._rows)
         try:
             self._prefill(request, first, rows)

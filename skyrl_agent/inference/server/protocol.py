@@ -11,6 +11,17 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from skyrl_agent.inference.bounds import (
+    MAX_LOGPROBS,
+    MAX_MESSAGES,
+    MAX_N,
+    MAX_PROMPT_CHARS,
+    MAX_PROMPT_CHUNKS,
+    MAX_SEQUENCES,
+    MAX_TOOLS,
+    check_stop,
+    check_stop_ids,
+)
 from skyrl_agent.inference.server.sampling import SamplingParams
 
 MAX_SEED = 2**63 - 1
@@ -22,9 +33,9 @@ class RequestLimits:
     """What one request may ask of the server, so that no single request (from anyone who can
     reach the port) holds the CPU or memory for long."""
 
-    max_sequences: int = 256
+    max_sequences: int = MAX_SEQUENCES
     """Prompts x n of one request (a request is batched as a whole)."""
-    max_prompt_chars: int = 1 << 20
+    max_prompt_chars: int = MAX_PROMPT_CHARS
     """Characters of text to tokenize (a prompt, or rendered chat messages): tokenizing costs
     about 70 bytes of memory per character."""
 
@@ -42,7 +53,7 @@ class _Sampling(_Body):
     top_p: float = Field(default=1.0, gt=0, le=1)
     top_k: int = Field(default=0, ge=-1)
     """vLLM's extension; 0 or -1 = off."""
-    n: int = Field(default=1, ge=1, le=64)
+    n: int = Field(default=1, ge=1, le=MAX_N)
     seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
@@ -57,6 +68,18 @@ class _Sampling(_Body):
     def _no_stream(cls, value: bool) -> bool:
         if value:
             raise ValueError("streaming is not supported by the embedded server; use stream=false")
+        return value
+
+    @field_validator("stop")
+    @classmethod
+    def _few_stops(cls, value: str | list[str] | None) -> str | list[str] | None:
+        check_stop(value)  # each is looked for after every sampled token
+        return value
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _few_stop_ids(cls, value: list[int] | None) -> list[int] | None:
+        check_stop_ids(value)
         return value
 
     def sampling(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
@@ -91,10 +114,10 @@ class CompletionRequest(_Sampling):
     prompt: str | list[int] | list[str] | list[list[int]] | None = None
     """Text, token ids, or a list of either (one prompt each)."""
     prompt_chunks: list[Annotated[TokenChunk | ImageChunk, Field(discriminator="type")]] | None \
-        = Field(default=None, min_length=1)
+        = Field(default=None, min_length=1, max_length=MAX_PROMPT_CHUNKS)
     """Vision models: one prompt as token and image chunks in order (Tinker's ModelInput
     layout); the tokens around each image (e.g. image start/end markers) are the caller's."""
-    logprobs: int | None = Field(default=None, ge=0, le=20)
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     """Top alternatives per token; 0 still returns the sampled token's logprob."""
     echo: bool = False
     return_routed_experts: bool = False
@@ -135,12 +158,12 @@ class CompletionRequest(_Sampling):
 class ChatCompletionRequest(_Sampling):
     """POST /v1/chat/completions. Tool definitions go to the chat template unchanged."""
 
-    messages: list[dict[str, Any]] = Field(min_length=1)
-    tools: list[dict[str, Any]] | None = None
+    messages: list[dict[str, Any]] = Field(min_length=1, max_length=MAX_MESSAGES)
+    tools: list[dict[str, Any]] | None = Field(default=None, max_length=MAX_TOOLS)
     tool_choice: str | dict[str, Any] | None = None
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
@@ -167,8 +190,8 @@ class TokenizeRequest(_Body):
 
     model: str | None = None
     prompt: str | None = None
-    messages: list[dict[str, Any]] | None = None
-    tools: list[dict[str, Any]] | None = None
+    messages: list[dict[str, Any]] | None = Field(default=None, max_length=MAX_MESSAGES)
+    tools: list[dict[str, Any]] | None = Field(default=None, max_length=MAX_TOOLS)
     add_generation_prompt: bool = True
     add_special_tokens: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
