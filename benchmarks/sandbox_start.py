@@ -6,7 +6,8 @@ running, then "thinks" for AGENT_S (an agent's turns take longer than that; the 
 sandbox starts meanwhile). It runs as the collector runs it: a SandboxPool that stops in the
 background, run_episode keeping each final state on disk; the episode's time account gives:
   start     sandbox_time_s   the agent's sandbox (a pool hit, or a start)
-  hand-over handover_time_s  kill the agent's processes, collect, the verifier's sandbox, restore
+  hand-over handover_time_s  kill the agent's processes, the verifier's sandbox, restore,
+            + collect_time_s  and the collection of its artifacts
   stop      stop_time_s      releasing the agent's sandbox
 `sustained` is the loop's wall time per episode minus AGENT_S, background starts and stops
 included: what the sandbox work costs when nothing hides it.
@@ -75,7 +76,7 @@ async def measure(backend: str, pool_size: int, runs: int) -> dict[str, list[flo
                                             keep_state=Path(states) / f"{index}.tgz")
                 assert episode.reward.value == 1.0, episode.reward.reason  # restored
                 rows["start"].append(episode.sandbox_time_s)
-                rows["handover"].append(episode.handover_time_s)
+                rows["handover"].append(episode.handover_time_s + episode.collect_time_s)
                 rows["stop"].append(episode.stop_time_s)
         finally:
             await pool.close()

@@ -114,7 +114,11 @@ class VerifierConfig(_Section):
     max_artifact_mb: int = Field(default=256, gt=0)
     """Most file content collected from the agent's sandbox; more scores 0."""
     max_artifact_files: int = Field(default=50_000, gt=0)
-    """Most files, folders and links collected from the agent's sandbox; more scores 0."""
+    """Most entries read from the agent's sandbox, of every kind (files, folders, symlinks,
+    hard links, FIFOs, devices); more scores 0."""
+    max_collect_seconds: float = Field(default=120.0, gt=0)
+    """Wall seconds to collect the agent's artifacts (the `collect` bucket of the time
+    account); longer scores 0 (over_limit), as more files or bytes do."""
 
 
 class TasksConfig(_Section):

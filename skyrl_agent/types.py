@@ -311,7 +311,8 @@ class Segment:
         return True
 
 
-TIME_ACCOUNT = ("sandbox", "model", "exec", "framework", "handover", "verify", "stop")
+TIME_ACCOUNT = ("sandbox", "model", "exec", "framework", "handover", "collect", "verify",
+                "stop")
 """The buckets of an episode's time account (Trajectory.time_account), in the order they come."""
 
 
@@ -348,13 +349,16 @@ class Trajectory:
     exec_time_s: float = 0.0
     """Seconds commands ran in the sandbox for the agent (tool calls, keystrokes' waits)."""
     handover_time_s: float = 0.0
-    """Seconds from the agent's end to the tests: its processes killed, its artifacts
-    collected; in separate mode also the wait for the verifier's sandbox (started while the
-    agent worked) and the artifacts restored into it."""
+    """Seconds from the agent's end to the tests but the collection: its processes killed; in
+    separate mode also the wait for the verifier's sandbox (started while the agent worked)
+    and the artifacts restored into it."""
     stop_time_s: float = 0.0
     """Seconds to stop the agent's sandbox."""
     total_time_s: float = 0.0
     """Wall seconds of the whole episode, sandbox start to reward."""
+    collect_time_s: float = 0.0
+    """Seconds collecting the agent's artifacts out of its sandbox (bounded by
+    verifier.max_collect_seconds: what the agent left decides it)."""
     metrics: Mapping[str, float] = field(default_factory=dict)
     """Free-form numeric metrics (turns, summaries, drift_tokens, parse errors, ...)."""
 
@@ -372,14 +376,16 @@ class Trajectory:
         """The rest of the episode: the agent's own logic, rendering, parsing, the event loop
         and waits for a free sandbox or model slot outside the model calls."""
         accounted = (self.sandbox_time_s + self.model_time_s + self.exec_time_s
-                     + self.handover_time_s + self.verify_time_s + self.stop_time_s)
+                     + self.handover_time_s + self.collect_time_s + self.verify_time_s
+                     + self.stop_time_s)
         return max(0.0, self.total_time_s - accounted)
 
     def time_account(self) -> dict[str, float]:
         """Where the episode's seconds went, bucket by bucket (TIME_ACCOUNT order)."""
         return {"sandbox": self.sandbox_time_s, "model": self.model_time_s,
                 "exec": self.exec_time_s, "framework": self.framework_time_s,
-                "handover": self.handover_time_s, "verify": self.verify_time_s,
+                "handover": self.handover_time_s, "collect": self.collect_time_s,
+                "verify": self.verify_time_s,
                 "stop": self.stop_time_s}
 
 

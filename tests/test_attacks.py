@@ -22,13 +22,9 @@ from skyrl_agent.collector.collector import Collector
 from skyrl_agent.config import RunConfig, SandboxConfig, VerifierConfig
 from skyrl_agent.data.store import TrajectoryStore
 from skyrl_agent.evaluation.regrade import regrade
-from skyrl_agent.sandboxes.artifacts import (
-    ArtifactLimits,
-    BundleWriter,
-    bundle_names,
-    collect_tar_stream,
-)
+from skyrl_agent.sandboxes.artifacts import ArtifactLimits, BundleWriter, bundle_names
 from skyrl_agent.sandboxes.base import SandboxDied, SandboxSpec, create_sandbox
+from skyrl_agent.sandboxes.engine_archive import collect_tar_stream
 from skyrl_agent.tasks import load_task
 from skyrl_agent.types import FailureKind
 from tests.attack_tasks import HONEST_TEST, make_attack_tasks

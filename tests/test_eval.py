@@ -59,7 +59,7 @@ def test_the_time_account_is_a_mean_per_bucket_described_by_its_share():
                                  exec_time_s=1.0, verify_time_s=0.5, total_time_s=4.5)
     account = summarize([first, second]).time_account
     assert account == {"sandbox": 2.0, "model": 1.0, "exec": 0.5, "framework": 0.5,
-                       "handover": 0.0, "verify": 0.25, "stop": 0.0}
+                       "handover": 0.0, "collect": 0.0, "verify": 0.25, "stop": 0.0}
     # framework: 4 - 1 - 2 = 1 for the first, 4.5 - 3 - 1 - 0.5 = 0 for the second.
     line = describe_time(account)
     assert line.split(" · ")[:4] == ["sandbox 2.00s (47%)", "model 1.00s (24%)",

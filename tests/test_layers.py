@@ -1,6 +1,6 @@
 """Imports point down only: cli -> jobs -> evaluation, tinker, distributed -> trainers ->
 collector -> agents -> envs -> the leaves (sandboxes, inference, tasks, data) -> the core
-(types, config, errors, atomic, plugins, stopping)."""
+(types, config, errors, atomic, plugins, stopping, descriptors, images)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import skyrl_agent
 
 PACKAGE = Path(skyrl_agent.__file__).parent
 LAYER = {"types": 0, "config": 0, "errors": 0, "atomic": 0, "plugins": 0, "stopping": 0,
-         "__init__": 0,
+         "descriptors": 0, "images": 0, "__init__": 0,
          "capture": 4, "data": 1, "tasks": 1, "inference": 2, "sandboxes": 2, "envs": 3,
          "agents": 4, "collector": 5, "trainers": 6, "evaluation": 7, "distributed": 7, "harbor": 7,
          "tinker": 7, "jobs": 8, "cli": 9}

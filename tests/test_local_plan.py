@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from skyrl_agent.config import SandboxConfig
+from skyrl_agent.errors import TaskError
 from skyrl_agent.sandboxes.base import SandboxSpec, UnsupportedEnvironment
 from skyrl_agent.sandboxes.dockerfile import final_workdir, parse_dockerfile, parse_env
 from skyrl_agent.sandboxes.local_plan import plan_local
@@ -75,9 +76,12 @@ def test_a_symlink_out_of_environment_is_refused(tmp_path):
     """Stops: a COPY source that is a link inside environment/ to a file outside it."""
     task = make_task(tmp_path, "plan", "true\n",
                      dockerfile="FROM ubuntu:24.04\nWORKDIR /app\nCOPY link /app/\n")
+    loaded = load_task(task)
     (task / "environment" / "link").symlink_to(task / "tests" / "test.sh")
     with pytest.raises(UnsupportedEnvironment, match="not in environment/"):
-        plan_local(SandboxSpec.from_task(load_task(task), SandboxConfig()))
+        plan_local(SandboxSpec.from_task(loaded, SandboxConfig()))
+    with pytest.raises(TaskError, match=r"environment/link .* symbolic link"):
+        load_task(task)  # a task with a link anywhere does not load (tasks/files.py)
 
 
 def test_arg_defaults_are_substituted(tmp_path):

@@ -1,6 +1,6 @@
 """The time account: where an episode's seconds went (sandbox start, model calls, commands,
-framework, hand-over, verification, stop), measured on a real episode, stored in Parquet, shown
-by `eval` and the HTML report."""
+framework, hand-over, collection, verification, stop), measured on a real episode, stored in
+Parquet, shown by `eval` and the HTML report."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ async def test_an_episode_accounts_for_its_time(tokenizer):  # noqa: F811
     assert trajectory.exec_time_s >= WAIT_S
     latencies = sum(t.latency_s for s in trajectory.segments for t in s.turns)
     assert trajectory.model_time_s >= latencies > 0
-    for bucket in ("sandbox", "handover", "verify", "stop"):
+    for bucket in ("sandbox", "handover", "collect", "verify", "stop"):
         assert account[bucket] > 0, bucket
     # The buckets add up to the episode (framework is the rest, never negative), which lies
     # within the wall time of the call.

@@ -24,7 +24,7 @@ class OracleAgent(Agent):
     async def run(self, env: Env, llm: Any | None) -> None:
         if not (env.task.solution_dir / "solve.sh").is_file():
             raise AgentFailed(f"task {env.task.name} has no solution/solve.sh")
-        await env.upload(env.task.solution_dir, "/solution")
+        await env.upload_task_folder("solution", "/solution")
         result = await env.exec("bash /solution/solve.sh", timeout=env.task.agent_timeout_s,
                                 env=dict(env.task.config.solution.env))
         if result.timed_out:

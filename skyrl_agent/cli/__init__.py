@@ -28,6 +28,7 @@ from skyrl_agent.cli import (
     train,
 )
 from skyrl_agent.cli.common import console, err_console
+from skyrl_agent.descriptors import prepare
 from skyrl_agent.errors import RunStopped, UserError
 from skyrl_agent.stopping import stop_on_sigterm
 
@@ -61,6 +62,7 @@ def _root(version: Annotated[bool, typer.Option(
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: user errors and stopped runs become one line."""
     stop_on_sigterm()
+    prepare()  # the open-file soft limit up to the hard one, before any run or server starts
     try:
         app(args=argv)
     except UserError as exc:

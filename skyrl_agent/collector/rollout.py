@@ -131,4 +131,5 @@ def _trajectory(task: TaskSpec, sample_index: int, agent: Agent, session: LLMSes
         verify_time_s=episode.reward.verify_time_s,
         model_time_s=session.model_time_s if session is not None else 0.0,
         exec_time_s=episode.exec_time_s, handover_time_s=episode.handover_time_s,
-        stop_time_s=episode.stop_time_s, total_time_s=episode.total_time_s, metrics=metrics)
+        stop_time_s=episode.stop_time_s, total_time_s=episode.total_time_s,
+        collect_time_s=episode.collect_time_s, metrics=metrics)

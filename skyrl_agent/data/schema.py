@@ -72,13 +72,14 @@ SCHEMA = pa.schema([
     ("model_time_s", pa.float64()), ("exec_time_s", pa.float64()),
     ("handover_time_s", pa.float64()), ("stop_time_s", pa.float64()),
     ("framework_time_s", pa.float64()), ("total_time_s", pa.float64()),
+    ("collect_time_s", pa.float64()),
     ("metrics", NUMBERS), ("segments", pa.list_(SEGMENT)), ("images", pa.list_(IMAGE)),
 ])
 """The time account (Trajectory.time_account) is one float column per bucket; framework_time_s
 is derived, written for readers of the files, not read back. Shards written before these
 columns existed read as zeros."""
 TIME_COLUMNS = ("model_time_s", "exec_time_s", "handover_time_s", "stop_time_s",
-                "total_time_s")
+                "total_time_s", "collect_time_s")
 DERIVED_COLUMNS = ("framework_time_s", "images")
 """Columns computed from the others on write (no Trajectory field of their own); `images` holds
 the bytes of the turns' images, each once."""
@@ -136,7 +137,8 @@ def to_row(t: Trajectory) -> dict[str, Any]:
         "verify_time_s": t.verify_time_s, "model_time_s": t.model_time_s,
         "exec_time_s": t.exec_time_s, "handover_time_s": t.handover_time_s,
         "stop_time_s": t.stop_time_s, "framework_time_s": t.framework_time_s,
-        "total_time_s": t.total_time_s, "metrics": _numbers(t.metrics),
+        "total_time_s": t.total_time_s, "collect_time_s": t.collect_time_s,
+        "metrics": _numbers(t.metrics),
         "segments": [{"turns": _turn_rows(s.turns),
                       "summary_turn_index": s.summary_turn_index} for s in t.segments],
         "images": [{"sha256": sha, "data": data} for sha, data in _image_bytes(t).items()]}

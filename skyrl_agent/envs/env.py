@@ -125,3 +125,9 @@ class Env:
     async def upload(self, local: Path, remote: str) -> None:
         with self._timed():
             await self.sandbox.upload(local, remote)
+
+    async def upload_task_folder(self, rel: str, remote: str) -> None:
+        """Copy a folder of the task (e.g. `solution`) to `remote`, each file read as
+        tasks/files.py reads task files (no links, no hard links)."""
+        with self._timed():
+            await self.sandbox.upload_task_folder(self.task.task_dir, rel, remote)

@@ -74,12 +74,14 @@ class EpisodeResult:
     exec_time_s: float = 0.0
     """Of the agent's time, seconds its commands ran in the sandbox (Env.exec_time_s)."""
     handover_time_s: float = 0.0
-    """Killing the agent's processes and collecting its artifacts; in separate mode also the
-    wait for the verifier's sandbox and the restore (Trajectory.handover_time_s)."""
+    """Killing the agent's processes; in separate mode also the wait for the verifier's
+    sandbox and the restore (Trajectory.handover_time_s)."""
     stop_time_s: float = 0.0
     """Stopping the agent's sandbox."""
     total_time_s: float = 0.0
     """The whole episode, wall seconds (verification included)."""
+    collect_time_s: float = 0.0
+    """Collecting the agent's artifacts (Trajectory.collect_time_s)."""
 
 
 @dataclass
@@ -91,11 +93,13 @@ class _Clock:
     agent: float = 0.0
     exec: float = 0.0
     handover: float = 0.0
+    collect: float = 0.0
     stop: float = 0.0
 
     def result(self, reward: Reward, outcome: AgentOutcome, mode: str) -> EpisodeResult:
         return EpisodeResult(reward, outcome, self.sandbox, self.agent, mode, self.exec,
-                             self.handover, self.stop, time.monotonic() - self.started)
+                             self.handover, self.stop, time.monotonic() - self.started,
+                             collect_time_s=self.collect)
 
 
 Act = Callable[[Env], Awaitable[AgentOutcome]]
@@ -239,10 +243,10 @@ async def _in_sandbox(task: TaskSpec, act: Act, sandbox: Sandbox, verifier: Veri
     if outcome.failure in (FailureKind.INFRA, FailureKind.UNSUPPORTED, FailureKind.SANDBOX_DIED):
         return Reward.failed(outcome.reason or "failed"), outcome
     handing_over = time.monotonic()
-    collected = await _collect(task, sandbox, verifier, paths)
+    collected = await _collect(task, sandbox, verifier, paths, clock)
     if not isinstance(collected, tuple):
         keep(collected)
-    clock.handover = time.monotonic() - handing_over
+    clock.handover = max(0.0, time.monotonic() - handing_over - clock.collect)
     if isinstance(collected, tuple):
         return collected
     if mode == SEPARATE:
@@ -258,13 +262,19 @@ async def _act(act: Act, env: Env) -> AgentOutcome:
 
 
 async def _collect(task: TaskSpec, sandbox: Sandbox, verifier: VerifierConfig,
-                   paths: tuple[ArtifactPath, ...]) -> bytes | tuple[Reward, AgentOutcome]:
-    """Kill the agent's processes and collect its artifacts: the bundle, or why not."""
+                   paths: tuple[ArtifactPath, ...],
+                   clock: _Clock) -> bytes | tuple[Reward, AgentOutcome]:
+    """Kill the agent's processes and collect its artifacts: the bundle, or why not. The
+    collection alone is timed (clock.collect), bounded by verifier.max_collect_seconds."""
     try:
         await sandbox.kill_processes()
         if await run_collect_hooks(sandbox, task):
             await sandbox.kill_processes()  # what the hooks started
-        return await collect_bundle(sandbox, paths, limits_of(verifier))
+        collecting = time.monotonic()
+        try:
+            return await collect_bundle(sandbox, paths, limits_of(verifier))
+        finally:
+            clock.collect = time.monotonic() - collecting
     except (SandboxError, ArtifactLimitExceeded) as exc:
         return _failed("collecting the artifacts", exc)
 

@@ -74,7 +74,8 @@ def artifact_paths(task: TaskSpec, workdir: str) -> tuple[ArtifactPath, ...]:
 
 def limits_of(config: VerifierConfig) -> ArtifactLimits:
     return ArtifactLimits(max_bytes=config.max_artifact_mb * 1024 * 1024,
-                          max_entries=config.max_artifact_files)
+                          max_entries=config.max_artifact_files,
+                          max_seconds=config.max_collect_seconds)
 
 
 async def run_collect_hooks(sandbox: Sandbox, task: TaskSpec) -> bool:
@@ -157,7 +158,7 @@ async def _run_tests(sandbox: Sandbox, task: TaskSpec, fresh_home: bool,
         timeout=60, cwd="/", user=0)
     if not prepared.ok:
         return Reward.failed(f"could not prepare verification: {prepared.stderr.strip()[-200:]}")
-    await sandbox.upload(task.tests_dir, "/tests")
+    await sandbox.upload_task_folder(task.task_dir, "tests", "/tests")
     challenge = task.grader.challenge() if task.grader is not None else None
     if challenge is not None:  # the tests/ of this verification only, never the task folder
         await sandbox.extract(one_file_tar(posixpath.basename(CHALLENGE_FILE),

@@ -33,6 +33,7 @@ from skyrl_agent.envs.env import Env
 from skyrl_agent.errors import UserError
 from skyrl_agent.harbor.relay import RelayConnector
 from skyrl_agent.harbor.relay_job import job_trajectories, wait_for_job
+from skyrl_agent.harbor.results import OWN_ERROR_POLICY
 from skyrl_agent.harbor.serve import harbor_serving
 from skyrl_agent.harbor.toolchains import toolchain
 from skyrl_agent.tasks.model import TaskSpec
@@ -141,6 +142,8 @@ class RelayedCollector:
             "job_name": f"{task.name.replace('/', '__')}-{self.jobs}", "n_attempts": attempts,
             "n_concurrent_trials": min(attempts, self.config.collector.max_concurrent_sandboxes),
             "retry": {"max_retries": self.config.collector.infra_retries},
+            # A sandbox ended for what ran in it is the sample's: not retried, not graded.
+            "override_error_policy": OWN_ERROR_POLICY,
             "tasks": [{"path": str(task.task_dir)}],
             "agents": [{**settings, "name": self.agent, "model_name": MODEL_NAME,
                         "kwargs": {**settings["kwargs"], **tools.agent_kwargs},

@@ -59,8 +59,8 @@ def job_trajectories(rollouts: Sequence[Any], sessions: RolloutSessions, agent: 
         trajectories.append(Trajectory(
             task_id=task_id, sample_index=index, agent=f"harbor:{agent}",
             segments=captured.llm.segments if captured is not None else (),
-            reward=harbor_reward(rollout.rewards, why), finish_reason=decided.finish_reason,
-            failure=decided.failure, masked=decided.masked,
+            reward=harbor_reward(rollout.rewards, why, decided),
+            finish_reason=decided.finish_reason, failure=decided.failure, masked=decided.masked,
             mask_reason=why if decided.masked else None, **harbor_times(rollout.result),
             model_time_s=captured.llm.model_time_s if captured is not None else 0.0,
             metrics={**({**captured.llm.metrics(), **captured.metrics()}

@@ -17,7 +17,12 @@ from typing import Any
 
 from skyrl_agent.agents.session import LLMSession
 from skyrl_agent.capture import CaptureProxy
-from skyrl_agent.harbor.results import harbor_error, harbor_reward, harbor_times
+from skyrl_agent.harbor.results import (
+    OWN_ERROR_POLICY,
+    harbor_error,
+    harbor_reward,
+    harbor_times,
+)
 from skyrl_agent.tasks.model import TaskSpec
 from skyrl_agent.types import Trajectory
 
@@ -51,7 +56,8 @@ async def harbor_trial(task: TaskSpec, agent_name: str, llm: LLMSession, trials_
                                   kwargs={**_agent_kwargs(llm, handle.base_url, handle.key),
                                           **(agent_kwargs or {})}),
                 environment=EnvironmentConfig(import_path=ENVIRONMENT,
-                                              kwargs=environment_kwargs or {}))
+                                              kwargs=environment_kwargs or {}),
+                override_error_policy=OWN_ERROR_POLICY)
             result = await (await Trial.create(config)).run()
         finally:
             proxy.close(handle)
@@ -64,7 +70,7 @@ async def harbor_trial(task: TaskSpec, agent_name: str, llm: LLMSession, trials_
     return Trajectory(
         task_id=task.name, sample_index=sample_index, agent=f"harbor:{agent_name}",
         segments=llm.segments,
-        reward=harbor_reward(rewards, why or "the trial produced no reward"),
+        reward=harbor_reward(rewards, why or "the trial produced no reward", decided),
         finish_reason=decided.finish_reason, failure=decided.failure,
         mask_reason=why if masked else None, masked=masked,
         **harbor_times(result), model_time_s=llm.model_time_s,

@@ -12,7 +12,6 @@ and a pixel bound checked before anything is decompressed.
 from __future__ import annotations
 
 import functools
-import io
 import json
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -20,14 +19,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from skyrl_agent.images import (  # noqa: F401 - read here by the server and sessions
+    IMAGE_FORMATS,
+    MAX_IMAGE_BYTES,
+    MAX_IMAGE_PIXELS,
+    ImageError,
+    decode_image,
+)
 from skyrl_agent.types import PlacedImage
 
-MAX_IMAGE_BYTES = 8 << 20
-MAX_IMAGE_PIXELS = 4096 * 4096
 MAX_IMAGES = 32
 """Images in one prompt: each may decode to ~50 MB of pixels, and a forward decodes all of a
 prompt's new images at once."""
-IMAGE_FORMATS = {"PNG": "png", "JPEG": "jpeg"}
 
 
 NEVER = -1e9
@@ -45,36 +48,6 @@ def unsampled_image_token(logits: Any, images: ImageInputs | None) -> Any:
     logits[..., images.token_id] = NEVER
     return logits
 
-
-class ImageError(ValueError):
-    """An image that is not one we read (format, size, or placement): a client error."""
-
-
-def decode_image(data: bytes) -> Any:
-    """A PIL RGB image from PNG/JPEG bytes, bounded before decompression (a crafted file can
-    declare billions of pixels in a few bytes)."""
-    from PIL import Image, UnidentifiedImageError
-
-    if len(data) > MAX_IMAGE_BYTES:
-        raise ImageError(f"an image of {len(data)} bytes; at most {MAX_IMAGE_BYTES} are read")
-    try:
-        image = Image.open(io.BytesIO(data))  # reads the header only
-    except Image.DecompressionBombError:
-        raise ImageError(f"an image of more than {MAX_IMAGE_PIXELS} pixels; at most "
-                         f"{MAX_IMAGE_PIXELS} pixels are read") from None
-    except (UnidentifiedImageError, OSError) as exc:
-        raise ImageError(f"not a readable image: {exc}") from None
-    if image.format not in IMAGE_FORMATS:
-        raise ImageError(f"image format {image.format}; only PNG and JPEG are read")
-    width, height = image.size
-    if width * height > MAX_IMAGE_PIXELS:
-        raise ImageError(f"an image of {width}x{height} pixels; at most {MAX_IMAGE_PIXELS} "
-                         "pixels are read")
-    try:
-        image.load()
-    except (OSError, ValueError, SyntaxError) as exc:  # truncated or corrupt data
-        raise ImageError(f"not a readable image: {exc}") from None
-    return image.convert("RGB")
 
 
 def is_vision_model(folder: Path) -> bool:

@@ -4,13 +4,19 @@ Everything inside a sandbox was written by an adversary, so the host never extra
 trusts it. What leaves a sandbox becomes a *bundle*: a tar that this module writes entry by entry
 from checked values (names normalized and relative to the sandbox's `/`, only regular files,
 directories and symlinks, modes masked, sizes and counts bounded). Symlinks are recorded as links
-and never followed; devices, FIFOs, sockets and hard links are left out.
+and never followed; devices, FIFOs, sockets and hard links are left out, but every entry a
+reader meets counts toward the entry limit, whatever its kind, and one collection has a wall-time
+bound (ArtifactLimits.max_seconds), checked at every entry and every chunk of content.
 
 Two readers feed a bundle:
 - `collect_tree`: the host reads a sandbox's folder directly (local backend), one directory fd at
   a time with O_NOFOLLOW, so no link, rename or swap inside the sandbox can lead it elsewhere;
-- `collect_tar_stream`: the engine's archive of a container (docker backend), read as a stream
-  of headers, never extracted, with every member checked as above.
+- `engine_archive.collect_tar_stream`: the engine's archive of a container (docker backend),
+  read as a stream of headers, never extracted, with every member checked as above.
+
+Every backend runs its reader through `run_collection`: on threads of its own, never the event
+loop's default executor, where docker commands of every sample run (asyncio.to_thread), so slow
+collections cannot hold the threads other samples' commands wait for.
 
 A bundle goes back into a sandbox only through the sandbox's own tar (`restore`), where links
 resolve inside that sandbox.
@@ -18,6 +24,7 @@ resolve inside that sandbox.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fnmatch
 import io
@@ -26,17 +33,23 @@ import posixpath
 import shutil
 import stat
 import tarfile
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-_CHUNK = 1 << 20
 MAX_DEPTH = 128  # each level holds a folder fd open; deeper trees are refused, not truncated
 
 
 class ArtifactLimitExceeded(Exception):
     """The sandbox's files pass the size or count limit (the agent's doing, not the host's)."""
+
+
+class CollectionTimedOut(ArtifactLimitExceeded):
+    """Collecting the sandbox's files took longer than ArtifactLimits.max_seconds (what the
+    agent left is what took the time)."""
 
 
 @dataclass(frozen=True)
@@ -46,7 +59,10 @@ class ArtifactLimits:
     max_bytes: int = 256 * 1024 * 1024
     """Total bytes of file content."""
     max_entries: int = 50_000
-    """Files, directories and links together."""
+    """Entries of every kind together: files, directories, symlinks, hard links, FIFOs,
+    devices and sockets (the last three left out of the bundle, but read all the same)."""
+    max_seconds: float = 120.0
+    """Wall seconds for one collection (every path of one bundle together)."""
 
 
 def sandbox_relative(path: str) -> str:
@@ -72,12 +88,34 @@ class BundleWriter:
         self.bytes = 0
         self.entries = 0
         self._names: set[str] = set()
+        self.deadline = time.monotonic() + limits.max_seconds
+        self._abandoned = False
 
     def __enter__(self) -> BundleWriter:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self._tar.close()
+        if not self._abandoned:  # a reader thread may still hold it: it stops at its next step
+            self._tar.close()
+
+    def abandon(self) -> None:
+        """Give the bundle up while a reader may still write to it (its thread outlived its
+        wait): its next step raises, and the bundle is never closed under it."""
+        self._abandoned = True
+
+    def check_time(self) -> None:
+        """CollectionTimedOut once the collection is past its deadline (or abandoned)."""
+        if self._abandoned or time.monotonic() > self.deadline:
+            raise CollectionTimedOut(
+                f"collecting took more than {self.limits.max_seconds:g} s")
+
+    def tally(self) -> None:
+        """Count one entry a reader met, whatever its kind and whether it goes in the bundle: a
+        hard link, FIFO or device costs a reader as much as a file does."""
+        self.entries += 1
+        if self.entries > self.limits.max_entries:
+            raise ArtifactLimitExceeded(f"more than {self.limits.max_entries} files")
+        self.check_time()
 
     def excluded(self, name: str) -> bool:
         """Whether a harbor `exclude` pattern matches the entry's name or its base name."""
@@ -85,9 +123,6 @@ class BundleWriter:
                    for p in self.exclude)
 
     def _info(self, name: str, kind: bytes, mode: int, mtime: float) -> tarfile.TarInfo:
-        self.entries += 1
-        if self.entries > self.limits.max_entries:
-            raise ArtifactLimitExceeded(f"more than {self.limits.max_entries} files")
         self._names.add(name)
         info = tarfile.TarInfo(name)
         info.type = kind
@@ -96,11 +131,13 @@ class BundleWriter:
         return info
 
     def add_dir(self, name: str, mode: int = 0o755, mtime: float = 0) -> None:
+        self.tally()
         if name in self._names:  # overlapping artifact paths: the first wins
             return
         self._tar.addfile(self._info(name, tarfile.DIRTYPE, mode, mtime))
 
     def add_symlink(self, name: str, target: str, mtime: float = 0) -> None:
+        self.tally()
         if name in self._names:  # overlapping artifact paths: the first wins
             return
         if "\0" in target or len(target) > 4096:
@@ -111,6 +148,7 @@ class BundleWriter:
 
     def add_file(self, name: str, source: IO[bytes], size: int, mode: int = 0o644,
                  mtime: float = 0) -> None:
+        self.tally()
         if name in self._names:
             return
         if self.bytes + size > self.limits.max_bytes:
@@ -118,25 +156,61 @@ class BundleWriter:
         info = self._info(name, tarfile.REGTYPE, mode, mtime)
         info.size = size
         self.bytes += size
-        self._tar.addfile(info, _Exactly(source, size))
+        self._tar.addfile(info, _Exactly(source, size, self.check_time))
 
 
 class _Exactly(io.RawIOBase):
     """A reader of exactly `size` bytes: short sources are padded with zeros, long ones cut, so
-    a file that changes while it is read cannot desynchronize the archive."""
+    a file that changes while it is read cannot desynchronize the archive. `check` runs before
+    each read (the collection's deadline)."""
 
-    def __init__(self, source: IO[bytes], size: int) -> None:
-        self._source, self._left = source, size
+    def __init__(self, source: IO[bytes], size: int, check: Callable[[], None]) -> None:
+        self._source, self._left, self._check = source, size, check
 
     def readable(self) -> bool:
         return True
 
     def read(self, n: int = -1) -> bytes:
+        self._check()
         n = self._left if n is None or n < 0 else min(n, self._left)
         data = self._source.read(n) if n else b""
         data = data + b"\0" * (n - len(data))
         self._left -= len(data)
         return data
+
+
+# ---- where collections run ----------------------------------------------------------------------
+COLLECT_THREADS = 128
+"""Threads for collections, apart from the default executor; more than any run's concurrent
+samples, so a collection never waits for one (its deadline runs from the writer's creation)."""
+GRACE_S = 10.0
+"""How long past its deadline a collection is waited for when it blocks where it cannot check
+the time (a read from an engine that stopped sending) before it is given up."""
+_threads: ThreadPoolExecutor | None = None
+
+
+async def run_collection[T](writer: BundleWriter, read: Callable[[], T],
+                            grace_s: float = GRACE_S) -> T:
+    """`read` (a blocking reader into `writer`) on the collections' own threads, within the
+    writer's deadline: the reader checks it at every entry and chunk; one blocked elsewhere is
+    given up `grace_s` after it (CollectionTimedOut), and at once when our caller is
+    cancelled. A reader given up is abandoned with its writer: its next step raises, and
+    nothing is closed under it."""
+    global _threads
+    if _threads is None:
+        _threads = ThreadPoolExecutor(COLLECT_THREADS, thread_name_prefix="skyrl-collect")
+    reading = asyncio.get_running_loop().run_in_executor(_threads, read)
+    try:
+        return await asyncio.wait_for(reading, max(0.0, writer.deadline - time.monotonic())
+                                      + grace_s)
+    except BaseException as exc:
+        if reading.done() and not reading.cancelled():
+            raise  # the reader's own outcome
+        writer.abandon()  # timed out, or our caller was cancelled: the thread may read on
+        if isinstance(exc, TimeoutError):
+            raise CollectionTimedOut(
+                f"collecting took more than {writer.limits.max_seconds:g} s") from None
+        raise
 
 
 # ---- the host reads a sandbox folder (local backend) -------------------------------------------
@@ -206,25 +280,46 @@ def _add_entry(dir_fd: int, base: str, name: str, writer: BundleWriter, depth: i
         except OSError:
             return True
         try:
-            try:
-                children = sorted(os.listdir(fd))
-            except OSError:  # unreadable to a host that is not root
-                children = []
-            for child in children:
+            for child in _children(fd, name, writer):
                 _add_entry(fd, child, f"{name}/{child}", writer, depth + 1)
         finally:
             os.close(fd)
-    return True  # devices, FIFOs and sockets are left out
+    else:  # devices, FIFOs and sockets are left out, and counted
+        writer.tally()
+    return True
+
+
+def _children(fd: int, name: str, writer: BundleWriter) -> list[str]:
+    """The names in a folder, sorted; ArtifactLimitExceeded as soon as more are listed than the
+    entry limit leaves (a folder of millions is not read whole first). Excluded names do not
+    count: they are never read."""
+    room = writer.limits.max_entries - writer.entries
+    names: list[str] = []
+    try:
+        with os.scandir(fd) as listing:
+            for entry in listing:
+                if writer.excluded(f"{name}/{entry.name}"):
+                    continue
+                names.append(entry.name)
+                if len(names) > room:
+                    raise ArtifactLimitExceeded(f"more than {writer.limits.max_entries} files")
+                if len(names) % 1024 == 0:
+                    writer.check_time()
+    except OSError:  # unreadable to a host that is not root
+        return []
+    return sorted(names)
 
 
 def _add_file(dir_fd: int, base: str, name: str, writer: BundleWriter) -> None:
     try:
         fd = os.open(base, _FILE_FLAGS, dir_fd=dir_fd)
     except OSError:
+        writer.tally()
         return
     with os.fdopen(fd, "rb") as handle:
         st = os.fstat(handle.fileno())
         if not stat.S_ISREG(st.st_mode):  # swapped between stat and open
+            writer.tally()
             return
         writer.add_file(name, handle, st.st_size, st.st_mode, st.st_mtime)
 
@@ -272,92 +367,6 @@ def remove_tree_path(root: Path, remote: str) -> bool:
         except OSError:
             return False
     return True
-
-
-# ---- the engine's archive of a container (docker backend) --------------------------------------
-class BoundedStream(io.RawIOBase):
-    """A file-like view of byte chunks that refuses to yield more than `limit` bytes."""
-
-    def __init__(self, chunks: Iterable[bytes], limit: int) -> None:
-        self._chunks: Iterator[bytes] = iter(chunks)
-        self._buffer = b""
-        self._left = limit
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, target) -> int:
-        while not self._buffer:
-            chunk = next(self._chunks, None)
-            if chunk is None:
-                return 0
-            self._left -= len(chunk)
-            if self._left < 0:
-                raise ArtifactLimitExceeded("the archive passes the transfer limit")
-            self._buffer = chunk
-        n = min(len(target), len(self._buffer))
-        target[:n] = self._buffer[:n]
-        self._buffer = self._buffer[n:]
-        return n
-
-
-def checked_member_name(member: str, top: str) -> str | None:
-    """The bundle name of an archive member listed under `top` (the sandbox path's relative
-    form), or None when the name is not plainly inside it."""
-    parts = [p for p in member.split("/") if p not in ("", ".")]
-    if not parts or any(p == ".." for p in parts) or member.startswith("/"):
-        return None
-    base = top.rsplit("/", 1)[0] if "/" in top else ""
-    name = "/".join(([base] if base else []) + parts)
-    return name if name == top or name.startswith(top + "/") else None
-
-
-def collect_tar_stream(chunks: Iterable[bytes], remote: str, writer: BundleWriter) -> None:
-    """Copy the members of an archive whose top entry is the base name of `remote` into the
-    bundle, checking each; nothing is written to the host's file system."""
-    top = sandbox_relative(remote)
-    stream = io.BufferedReader(BoundedStream(chunks, writer.limits.max_bytes * 2 + _CHUNK))
-    links: list[str] = []
-    skipped: list[str] = []
-    seen: set[str] = set()
-    with tarfile.open(fileobj=stream, mode="r|") as archive:
-        for member in archive:
-            name = checked_member_name(member.name, top)
-            if name is None or name in seen:
-                continue
-            if any(name.startswith(folder + "/") for folder in skipped):
-                continue  # an excluded folder goes with everything in it
-            if writer.excluded(name):
-                skipped.append(name)
-                continue
-            if any(name.startswith(link + "/") for link in links):
-                continue  # listed "through" a link: never a path of the sandbox's own
-            seen.add(name)
-            if member.isdir():
-                writer.add_dir(name, member.mode, member.mtime)
-            elif member.issym():
-                links.append(name)
-                writer.add_symlink(name, member.linkname, member.mtime)
-            elif member.isreg():
-                source = archive.extractfile(member)
-                assert source is not None
-                writer.add_file(name, source, member.size, member.mode, member.mtime)
-
-
-def read_tar_file(chunks: Iterable[bytes], remote: str, limit: int) -> bytes | None:
-    """The content of `remote` from an engine archive when it is a regular file, else None."""
-    top = sandbox_relative(remote).rsplit("/", 1)[-1]
-    stream = io.BufferedReader(BoundedStream(chunks, limit + 64 * 1024))
-    with tarfile.open(fileobj=stream, mode="r|") as archive:
-        for member in archive:
-            if member.name == top and member.isreg():
-                if member.size > limit:
-                    raise ArtifactLimitExceeded(f"{remote} holds more than {limit} bytes")
-                source = archive.extractfile(member)
-                assert source is not None
-                return source.read()
-            return None
-    return None
 
 
 def bundle_names(bundle: bytes) -> list[str]:

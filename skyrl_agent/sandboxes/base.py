@@ -25,10 +25,11 @@ from typing import Self
 
 from skyrl_agent import plugins
 from skyrl_agent.config import SandboxConfig
-from skyrl_agent.errors import UserError
+from skyrl_agent.errors import TaskError, UserError
 from skyrl_agent.sandboxes.archive import pack
 from skyrl_agent.sandboxes.artifacts import BundleWriter
 from skyrl_agent.sandboxes.dockerfile import final_workdir, parse_dockerfile
+from skyrl_agent.tasks.files import pack_task_folder, read_task_text
 from skyrl_agent.tasks.model import TaskSpec
 
 DEFAULT_MEMORY_MB = 2048
@@ -128,6 +129,16 @@ class SandboxSpec:
         path = self.environment_dir / "Dockerfile"
         return path if path.is_file() else None
 
+    def dockerfile_text(self) -> str:
+        """The Dockerfile, read as every task file is (tasks/files.py): a link or a hard link
+        in its place is the task's defect (UnsupportedEnvironment), never a file to follow."""
+        if self.environment_dir is None:
+            raise UnsupportedEnvironment(f"task {self.name} has no environment/")
+        try:
+            return read_task_text(self.environment_dir, "Dockerfile")
+        except TaskError as exc:
+            raise UnsupportedEnvironment(str(exc)) from None
+
     def environment_key(self) -> str:
         """Content hash of what defines the sandbox's starting state (for image caches, pools)."""
         digest = hashlib.sha256()
@@ -143,7 +154,8 @@ class SandboxSpec:
         env_cfg = task.config.environment
         workdir = env_cfg.workdir
         if workdir is None and task.dockerfile.is_file():
-            workdir = final_workdir(parse_dockerfile(task.dockerfile.read_text()))
+            workdir = final_workdir(parse_dockerfile(
+                read_task_text(task.task_dir, "environment/Dockerfile")))
         deadline = config.deadline_s or (
             task.agent_timeout_s + task.verifier_timeout_s + DEADLINE_MARGIN_S)
         return cls(
@@ -240,6 +252,14 @@ class Sandbox(ABC):
         parent = os.path.dirname(remote.rstrip("/")) or "/"
         await self.extract(await asyncio.to_thread(pack, local, remote), parent)
 
+    async def upload_task_folder(self, task_dir: Path, rel: str, remote: str) -> None:
+        """Copy the task folder `rel` to the absolute sandbox path `remote`, read as every
+        task file is (tasks/files.py: no link, no hard link, nothing out of the task)."""
+        remote = remote.rstrip("/")
+        archive = await asyncio.to_thread(pack_task_folder, task_dir, rel,
+                                          os.path.basename(remote))
+        await self.extract(archive, os.path.dirname(remote) or "/")
+
     @abstractmethod
     async def read_file(self, remote: str, limit: int = FILE_READ_LIMIT) -> bytes | None:
         """The bytes of a regular file in the sandbox, None when it is missing or anything else
@@ -254,6 +274,12 @@ class Sandbox(ABC):
         """The started sandbox's network namespace (a /proc path), where the host may open a
         listening socket of its own (sandboxes/loopback_route.py)."""
         raise UnsupportedEnvironment(f"{type(self).__name__} gives no network namespace")
+
+    def end(self, reason: str) -> None:
+        """End the sandbox now for what ran in it (`reason`: e.g. a limit of a host service it
+        passed): its processes are killed and every later call raises SandboxDied saying so
+        (reward 0, kept: the sample's own failure). stop() still deletes it."""
+        raise UnsupportedEnvironment(f"{type(self).__name__} cannot be ended early")
 
     @abstractmethod
     async def kill_processes(self) -> None:

@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import re
 import shlex
-import shutil
 import tarfile
 import tempfile
 import time
@@ -32,11 +31,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from skyrl_agent.config import SandboxConfig
-from skyrl_agent.sandboxes.artifacts import (
-    BundleWriter,
-    collect_tar_stream,
-    read_tar_file,
+from skyrl_agent.descriptors import (
+    clean_up,
+    open_descriptors,
+    open_file_limit,
+    out_of_descriptors,
+    prepare,
 )
+from skyrl_agent.errors import TaskError
+from skyrl_agent.sandboxes.artifacts import BundleWriter, run_collection
 from skyrl_agent.sandboxes.base import (
     FILE_READ_LIMIT,
     ExecResult,
@@ -47,7 +50,9 @@ from skyrl_agent.sandboxes.base import (
     UnsupportedEnvironment,
 )
 from skyrl_agent.sandboxes.cgroups import cgroup_of, end_processes
+from skyrl_agent.sandboxes.engine_archive import collect_tar_stream, read_tar_file
 from skyrl_agent.sandboxes.exec_server import HeadTail
+from skyrl_agent.tasks.files import copy_task_folder
 
 if TYPE_CHECKING:  # docker is imported lazily: only this backend needs it
     from docker import DockerClient
@@ -93,6 +98,10 @@ def docker_client() -> DockerClient:
         client = docker.from_env(timeout=120)
         client.ping()
     except docker.errors.DockerException as exc:
+        if out_of_descriptors(exc):  # the engine may be fine: this process cannot reach it
+            raise SandboxError(
+                f"this process is out of file descriptors ({open_descriptors()} open of "
+                f"{open_file_limit()}): the Docker engine cannot be reached") from None
         raise UnsupportedEnvironment(
             f"no Docker engine answers ({exc.__class__.__name__}); start dockerd "
             "(scripts/docker-engine.sh start) or use --sandbox local") from None
@@ -131,6 +140,7 @@ class DockerSandbox(Sandbox):
         return self.container
 
     async def start(self) -> None:
+        prepare()  # the host's open-file limit raised, its reserve held (descriptors.py)
         self._client = await asyncio.to_thread(docker_client)
         image = await self._image()
         self._started_at = time.monotonic()
@@ -203,7 +213,7 @@ class DockerSandbox(Sandbox):
         """Build `dockerfile` with its folder (the task's environment/) as the context."""
         import docker
         lines = []
-        for line in dockerfile.read_text().splitlines():
+        for line in self.spec.dockerfile_text().splitlines():
             words = line.split()
             if words and words[0].upper() == "FROM":
                 image_at = next(i for i, w in enumerate(words[1:], 1) if not w.startswith("--"))
@@ -211,7 +221,12 @@ class DockerSandbox(Sandbox):
                 line = " ".join(words)
             lines.append(line)
         with tempfile.TemporaryDirectory() as context:
-            shutil.copytree(dockerfile.parent, context, dirs_exist_ok=True)
+            # File by file as tasks/files.py reads them: a link in environment/ is never
+            # followed into the image (copytree copied what a symlink pointed at).
+            try:
+                copy_task_folder(dockerfile.parent.parent, dockerfile.parent.name, Path(context))
+            except TaskError as exc:
+                raise UnsupportedEnvironment(str(exc)) from None
             Path(context, "Dockerfile").write_text("\n".join(lines) + "\n")
             try:
                 self.client.images.build(path=context, tag=tag, rm=True, forcerm=True,
@@ -242,6 +257,12 @@ class DockerSandbox(Sandbox):
     def _kill_container(self) -> None:
         with contextlib.suppress(Exception):
             self.running.kill()
+
+    def end(self, reason: str) -> None:
+        if self._dead_reason is None:
+            self._dead_reason = reason  # every call from now on raises SandboxDied
+        if self.container is not None:  # the engine call off the event loop
+            asyncio.get_running_loop().run_in_executor(None, self._kill_container)
 
     # ---- commands and files -------------------------------------------------------------------
     def _check_alive(self) -> None:
@@ -331,7 +352,9 @@ class DockerSandbox(Sandbox):
         def consume(stream: Iterable[bytes]) -> bool:
             collect_tar_stream(stream, remote, writer)
             return True
-        return await asyncio.to_thread(self._from_archive, remote, consume) is not None
+        # Not asyncio.to_thread: that pool runs every sample's commands (exec above).
+        return await run_collection(
+            writer, lambda: self._from_archive(remote, consume)) is not None
 
     def network_namespace(self) -> str:
         container = self.running
@@ -369,12 +392,16 @@ class DockerSandbox(Sandbox):
         return keeper, cgroup_of(keeper, owner=self.running.id)
 
     async def stop(self) -> None:
+        """Never raises: a container that could not be removed (no engine, no descriptor left
+        even with the reserve) is logged and ends at its deadline (KEEPER), or is removed by
+        the next run's reaper."""
         if self._watchdog is not None:
             self._watchdog.cancel()
         if self.container is None:
             return
         container, self.container = self.container, None
-        await asyncio.to_thread(self._remove, container)
+        await clean_up(f"sandbox {self.name}: removing its container",
+                       lambda: self._remove(container))
 
     @staticmethod
     def _remove(container) -> None:

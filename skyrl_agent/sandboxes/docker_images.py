@@ -41,7 +41,7 @@ def from_images(instructions: list[Instruction]) -> list[str]:
 def base_images_of(spec: SandboxSpec) -> list[str]:
     """The images a sandbox of `spec` is built from (or is)."""
     if spec.dockerfile is not None:
-        return from_images(parse_dockerfile(spec.dockerfile.read_text()))
+        return from_images(parse_dockerfile(spec.dockerfile_text()))
     return [spec.docker_image] if spec.docker_image else []
 
 

@@ -30,6 +30,7 @@ from skyrl_agent.sandboxes.artifacts import (
     BundleWriter,
     collect_tree,
     read_tree_file,
+    run_collection,
     sandbox_relative,
 )
 from skyrl_agent.sandboxes.base import (
@@ -278,5 +279,5 @@ class HarborSandbox(Sandbox):
     async def collect(self, remote: str, writer: BundleWriter) -> bool:
         folder, found = await self._download(remote)
         with folder:
-            return found and await asyncio.to_thread(
-                collect_tree, Path(folder.name), remote, writer)
+            return found and await run_collection(
+                writer, lambda: collect_tree(Path(folder.name), remote, writer))

@@ -32,6 +32,7 @@ from harbor.models.trial.paths import EnvironmentPaths
 from harbor.server.relay import PREFIX as RELAY_PREFIX
 
 from skyrl_agent.config import SandboxConfig
+from skyrl_agent.descriptors import prepare
 from skyrl_agent.sandboxes.artifacts import ArtifactLimits, BundleWriter
 from skyrl_agent.sandboxes.base import Sandbox, SandboxSpec, create_sandbox
 from skyrl_agent.sandboxes.loopback_route import LoopbackRoute
@@ -146,6 +147,7 @@ class SkyrlEnvironment(BaseEnvironment):
     async def start(self, force_build: bool) -> None:
         if not self._owned:
             return
+        prepare()  # `harbor run` is not our CLI: its open-file limit is raised here
         sandbox = create_sandbox(self._spec(), self._config)
         try:
             await sandbox.start()
@@ -156,7 +158,9 @@ class SkyrlEnvironment(BaseEnvironment):
         if self.options.relay_url:
             try:
                 namespace = await asyncio.to_thread(sandbox.network_namespace)
-                route = LoopbackRoute(namespace, self.options.relay_url, RELAY_PREFIX)
+                # Past its limits the sandbox is ended: SandboxDied, the sample's reward 0.
+                route = LoopbackRoute(namespace, self.options.relay_url, RELAY_PREFIX,
+                                      on_violation=sandbox.end)
                 self._route = await route.__aenter__()
             except BaseException:
                 self._sandbox = None
@@ -173,7 +177,10 @@ class SkyrlEnvironment(BaseEnvironment):
         sandbox, self._sandbox = self._sandbox, None
         route, self._route = self._route, None
         if route is not None:
-            await route.__aexit__(None, None, None)
+            try:
+                await route.__aexit__(None, None, None)
+            except Exception as exc:  # noqa: BLE001 - the sandbox goes whatever the route did
+                log.warning("closing the relay route failed: %s", exc)
         if sandbox is not None:
             await sandbox.stop()  # nothing of a sandbox outlives it, delete or not
 

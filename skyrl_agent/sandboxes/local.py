@@ -34,10 +34,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from skyrl_agent.descriptors import clean_up, prepare
 from skyrl_agent.sandboxes.artifacts import (
     BundleWriter,
     collect_tree,
     read_tree_file,
+    run_collection,
 )
 from skyrl_agent.sandboxes.base import (
     FILE_READ_LIMIT,
@@ -147,6 +149,7 @@ class LocalSandbox(Sandbox):
                 "or apt-get install bubblewrap")
         if self.spec.network:
             require_slirp4netns()
+        prepare()  # the host's open-file limit raised, its reserve held (descriptors.py)
         self._plan = plan_local(self.spec)
         base = sandboxes_folder(self.config.work_root)
         base.mkdir(parents=True, exist_ok=True)
@@ -431,12 +434,18 @@ class LocalSandbox(Sandbox):
         return await asyncio.to_thread(read_tree_file, self.root, remote, limit)
 
     async def collect(self, remote: str, writer: BundleWriter) -> bool:
-        return await asyncio.to_thread(collect_tree, self.root, remote, writer)
+        return await run_collection(writer, lambda: collect_tree(self.root, remote, writer))
 
     def network_namespace(self) -> str:
         if self._proc is None or self._proc.returncode is not None:
             raise SandboxError(f"sandbox {self.spec.name} is not running")
         return f"/proc/{sandbox_init_pid(self._proc.pid)}/ns/net"
+
+    def end(self, reason: str) -> None:
+        try:
+            self._kill(reason)
+        except OSError as exc:  # its cgroup's files: the exec server is dead, and all with it
+            log.warning("sandbox %s: ending its processes: %s", self.id, exc)
 
     async def kill_processes(self) -> None:
         if self._cgroup is not None and self._cgroup.freezable:  # certain: see cgroups.py
@@ -454,24 +463,38 @@ class LocalSandbox(Sandbox):
             raise SandboxDied(f"sandbox {self.spec.name}: processes could not be killed")
 
     async def stop(self) -> None:
+        """Never raises, whatever failed before (descriptors run out included: the clean-up
+        steps get the process's reserve, descriptors.py). A step that still fails is logged;
+        what it left stays for the reaper, whose folder name says this process owns it."""
         if self._deadline_timer is not None:
             self._deadline_timer.cancel()
-        self._kill("stopped")
+        try:
+            self._kill("stopped")
+        except OSError as exc:  # its cgroup's files: its processes die with the cgroup below
+            log.warning("sandbox %s: ending its processes: %s", self.id, exc)
         if self._proc is not None:
             await self._proc.wait()
         if self._reader is not None:
-            await self._reader
+            with contextlib.suppress(Exception):
+                await self._reader
         if self._net is not None:
-            await self._net.close()
-            self._net = None
+            net, self._net = self._net, None
+            try:
+                await net.close()
+            except Exception as exc:  # noqa: BLE001 - it also exits when this process does
+                log.warning("sandbox %s: stopping its network: %s", self.id, exc)
         if self._cgroup is not None:
-            if not await asyncio.to_thread(self._cgroup.remove):
+            if not await clean_up(f"sandbox {self.id}: removing its cgroup", self._cgroup.remove):
                 # Keep the folder (it names its owner): the next run's reaper retries.
                 log.warning("sandbox %s: its cgroup stayed busy; left for the reaper", self.id)
                 return
             self._cgroup = None
         if self._mounted:
-            await asyncio.to_thread(unmount, self.root)
+            root = self.root
+            if not await clean_up(f"sandbox {self.id}: unmounting its disk",
+                                  lambda: unmount(root)):
+                return  # never rmtree into a disk still mounted: the reaper unmounts it
             self._mounted = False
-        if self._dir is not None and self._dir.exists():
-            await asyncio.to_thread(remove_tree, self._dir)
+        if self._dir is not None:
+            folder = self._dir
+            await clean_up(f"sandbox {self.id}: removing its folder", lambda: remove_tree(folder))

@@ -10,8 +10,10 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+from skyrl_agent.descriptors import out_of_descriptors
 from skyrl_agent.sandboxes.base import SandboxError
 from skyrl_agent.sandboxes.cgroups import Cgroup, abandoned_cgroups, cgroups_available
 
@@ -61,14 +63,44 @@ def process_identity(pid: int) -> str:
     return f"{pid}:{stat.rsplit(') ', 1)[1].split()[19]}"
 
 
+def _writable_and_again(function: Callable[..., object], target: str,
+                        error: BaseException) -> None:
+    """rmtree's error handler. A sandbox may leave folders without write or search permission
+    (a host not running as root is held by those): they are made ours and the one step that
+    failed runs again. Something already gone is fine; any other error is raised."""
+    if isinstance(error, FileNotFoundError):
+        return
+    if not isinstance(error, PermissionError):
+        raise error
+    os.chmod(os.path.dirname(target), 0o700)
+    if function in (os.open, os.scandir):  # a folder that could not be opened or listed
+        os.chmod(target, 0o700)
+        shutil.rmtree(target, onexc=_writable_and_again)
+    elif function in (os.unlink, os.rmdir):
+        function(target)
+    else:
+        raise error
+
+
 def remove_tree(path: Path) -> None:
-    def make_writable(func, target, _exc):  # a sandbox may leave read-only folders behind
-        os.chmod(os.path.dirname(target), 0o700)
-        func(target)
-    try:
-        shutil.rmtree(path, onexc=make_writable)
-    except OSError:  # a copy still running in a cancelled start() may add files meanwhile
-        shutil.rmtree(path, ignore_errors=True)
+    """Delete a sandbox's folder, whatever the sandbox left in it. Raises OSError when it
+    cannot (out of descriptors: the caller gives back its reserve and calls again, see
+    descriptors.with_reserve), never anything else."""
+    failure: BaseException | None = None
+    for _ in range(3):  # a copy still running in a cancelled start() may add files meanwhile
+        try:
+            shutil.rmtree(path, onexc=_writable_and_again)
+            return
+        except OSError as exc:
+            if out_of_descriptors(exc):
+                raise
+            failure = exc
+        except RecursionError as exc:  # nested deeper than Python's stack: rm has none
+            failure = exc
+            break
+    subprocess.run(["rm", "-rf", "--", str(path)], capture_output=True, check=False)
+    if os.path.lexists(path):
+        raise OSError(f"cannot remove {path}: {failure}")
 
 
 def sandbox_folder_name(sandbox_id: str) -> str:
@@ -98,7 +130,11 @@ def reap_stale_sandboxes(work_root: Path | None = None) -> int:
             continue  # still busy: the next reaping retries
         if os.path.ismount(folder / "root"):
             unmount(folder / "root")
-        remove_tree(folder)
+        try:
+            remove_tree(folder)
+        except OSError as exc:  # the next reaping retries
+            log.warning("cannot reap sandbox folder %s: %s", folder, exc)
+            continue
         removed += 1
     if cgroups_available():  # cgroups whose folder went first (a crash inside stop())
         for group in abandoned_cgroups():

@@ -130,7 +130,7 @@ def plan_local(spec: SandboxSpec) -> LocalPlan:
                 f"task {spec.name} names a prebuilt image ({spec.docker_image}); "
                 "the local sandbox cannot run images, use --sandbox docker")
         return LocalPlan((spec.workdir,), (), (), dict(spec.env), spec.workdir)
-    instructions = parse_dockerfile(spec.dockerfile.read_text())
+    instructions = parse_dockerfile(spec.dockerfile_text())
     if len(base_images(instructions)) > 1:
         raise UnsupportedEnvironment(
             f"task {spec.name}: multi-stage Dockerfiles need an image build; use --sandbox docker")

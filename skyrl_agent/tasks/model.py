@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from harbor.models.task.config import NetworkMode, TaskConfig
-from harbor.models.task.task import Task
+from harbor.models.task.task import Task, strip_canary
 from pydantic import ValidationError
 
 from skyrl_agent.errors import TaskError
+from skyrl_agent.tasks.files import check_task_tree, read_task_file, read_task_text
 from skyrl_agent.types import Reward
 
 DEFAULT_AGENT_TIMEOUT_S = 600.0
@@ -138,23 +139,16 @@ MAX_INSTRUCTION_IMAGE_BYTES = 8 << 20
 
 def linked_images(task_dir: Path, instruction: str) -> tuple[tuple[str, bytes], ...]:
     """The bytes of each image the instruction links, by link path. Remote links are left as
-    text; a local one must be a PNG/JPEG regular file inside the task directory."""
+    text; a local one must be a PNG/JPEG file of the task, read by tasks/files.py (no link on
+    its path, no hard link, bytes that decode as PNG/JPEG within the vision bounds)."""
     images: dict[str, bytes] = {}
     for link in IMAGE_LINK.findall(instruction):
         if "://" in link or link in images:
             continue
-        path = task_dir / link
-        if path.suffix.lower() not in IMAGE_SUFFIXES:
+        if Path(link).suffix.lower() not in IMAGE_SUFFIXES:
             raise TaskError(f"instruction image {link} in {task_dir}: only .png and .jpg are "
                             "shown to a model")
-        if path.is_symlink() or not path.is_file() \
-                or not path.resolve().is_relative_to(task_dir):
-            raise TaskError(f"instruction image {link} in {task_dir} is not a file inside the "
-                            "task directory")
-        if path.stat().st_size > MAX_INSTRUCTION_IMAGE_BYTES:
-            raise TaskError(f"instruction image {link} in {task_dir} is larger than "
-                            f"{MAX_INSTRUCTION_IMAGE_BYTES} bytes")
-        images[link] = path.read_bytes()
+        images[link] = read_task_file(task_dir, link, MAX_INSTRUCTION_IMAGE_BYTES, "image")
     return tuple(images.items())
 
 
@@ -165,8 +159,11 @@ def load_task(path: Path | str) -> TaskSpec:
         raise TaskError(f"task directory not found: {path}")
     if not (task_dir / "task.toml").is_file():
         raise TaskError(f"not a Harbor task: {task_dir} has no task.toml")
+    check_task_tree(task_dir)  # before harbor reads any of it (tasks/files.py)
     try:
-        task = Task(task_dir)
+        task = Task(task_dir)  # harbor's own checks of the folder
+        # What we use is what tasks/files.py read, not what harbor read by path.
+        config = TaskConfig.model_validate_toml(read_task_text(task_dir, "task.toml"))
     except tomllib.TOMLDecodeError as exc:
         raise TaskError(f"malformed task.toml in {task_dir}: {exc}") from None
     except ValidationError as exc:
@@ -175,9 +172,10 @@ def load_task(path: Path | str) -> TaskSpec:
         raise TaskError(f"invalid task {task_dir}: {exc}") from None
     if task.has_steps:
         raise TaskError(f"multi-step tasks are not supported yet: {task_dir}")
-    spec = TaskSpec(name=task.name, task_dir=task_dir, instruction=task.instruction,
-                    config=task.config,
-                    instruction_images=linked_images(task_dir, task.instruction))
+    instruction = strip_canary(read_task_text(task_dir, "instruction.md"))
+    name = config.task.name if config.task is not None else task_dir.name
+    spec = TaskSpec(name=name, task_dir=task_dir, instruction=instruction, config=config,
+                    instruction_images=linked_images(task_dir, instruction))
     if not spec.dockerfile.is_file() and not task.config.environment.docker_image:
         raise TaskError(f"task {task_dir} has neither environment/Dockerfile nor a docker_image")
     return spec

@@ -11,6 +11,7 @@ import re
 
 from skyrl_agent.errors import TaskError
 from skyrl_agent.tasks.families.base import Step
+from skyrl_agent.tasks.files import read_task_text
 from skyrl_agent.tasks.model import TaskSpec
 
 _HEREDOC = re.compile(r"<<(-?)\s*(['\"]?)([A-Za-z_][A-Za-z0-9_]*)\2")
@@ -54,7 +55,7 @@ def solution_commands(task: TaskSpec) -> list[str]:
     script = task.solution_dir / "solve.sh"
     if not script.is_file():
         raise TaskError(f"task {task.name} has no solution/solve.sh")
-    commands = split_commands(script.read_text())
+    commands = split_commands(read_task_text(task.task_dir, "solution/solve.sh"))
     if not commands:
         raise TaskError(f"task {task.name}: solution/solve.sh holds no commands")
     return commands
