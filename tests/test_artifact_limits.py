@@ -178,10 +178,12 @@ async def test_a_reader_blocked_past_its_deadline_is_given_up():
 
 
 @pytest.mark.slow
-async def test_collection_time_is_charged_to_the_sample(sandbox_config):
+async def test_collection_time_is_charged_to_the_sample(sandbox_config, caplog):
     """Stops: a collection that runs as long as the agent's files make it, with nothing in the
     time account. Past verifier.max_collect_seconds the sample scores 0, over_limit (the
-    agent's, not masked); an honest one shows its collection in the `collect` bucket."""
+    agent's, not masked); an honest one shows its collection in the `collect` bucket. The
+    collection cut short closes its stream: the engine, blocked on an unread archive, could
+    not remove the container for 120 s and left it to the reaper."""
     task = find_task("demo/hello-file")
 
     async def many_files(env) -> AgentOutcome:
@@ -199,6 +201,7 @@ async def test_collection_time_is_charged_to_the_sample(sandbox_config):
         fine = await run_episode(task, many_files, pool, VerifierConfig())
     finally:
         await pool.close()
+    assert not [r for r in caplog.records if "failed" in r.getMessage()], caplog.text
     assert slow.reward.value == 0.0 and slow.outcome.failure == FailureKind.OVER_LIMIT
     assert "collecting took more than 0.001 s" in (slow.reward.reason or "")
     assert slow.collect_time_s > 0

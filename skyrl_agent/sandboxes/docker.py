@@ -332,9 +332,19 @@ class DockerSandbox(Sandbox):
         import docker
         import requests
         self._check_alive()
+        api = self.client.api
         try:
-            stream, _ = self.running.get_archive(remote, chunk_size=1 << 20)
-            return consume(stream)
+            # get_archive's own stream, with its response in hand: a reader that stops early
+            # (a limit, a deadline) closes the connection, or the engine blocks on the unread
+            # archive and the container cannot be removed for minutes.
+            response = api._get(api._url("/containers/{0}/archive", self.running.id),
+                                params={"path": remote}, stream=True,
+                                headers={"Accept-Encoding": "identity"})
+            try:
+                api._raise_for_status(response)
+                return consume(response.iter_content(1 << 20, False))
+            finally:
+                response.close()
         except docker.errors.NotFound:
             if self._dead_reason is not None:
                 raise self._died("") from None
