@@ -21,7 +21,7 @@ from skyrl_agent.tasks.model import is_impossible_twin
 from skyrl_agent.trainers.checkpoints import Checkpoints
 from skyrl_agent.trainers.metrics import read_metrics
 from skyrl_agent.types import FinishReason
-from tests.test_swe_challenge import TARGETED
+from tests.test_swe_challenge import targeted
 from tests.test_train import model, settings  # noqa: F401 - the tiny model fixture
 
 pytestmark = pytest.mark.slow
@@ -51,8 +51,8 @@ class ForgingAgent(AnswerAgent):
 
     async def act(self, env: Env, llm: LLMSession) -> FinishReason:
         await llm.chat([{"role": "user", "content": env.task.instruction}])
-        wanted = sorted(env.task.grader.instance.fail_to_pass)  # type: ignore[union-attr]
-        await env.write_file("/tmp/forge.py", TARGETED % wanted)
+        wanted = env.task.grader.instance.fail_to_pass  # type: ignore[union-attr]
+        await env.write_file("/tmp/forge.py", targeted(wanted))
         await env.exec(APPEND_TO_SOURCE, cwd="/testbed")
         return FinishReason.STOP
 

@@ -17,7 +17,7 @@ import json
 import re
 import secrets
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 EXPECTED = ("FAILED", "ERROR", "PASSED", "FAILED")
 """The outcomes of a verification's tripwires: every blanket forgery turns one of the failures
@@ -72,11 +72,7 @@ class Challenge:
     """An impossible twin's verification: the tests no honest change can pass."""
 
     def to_json(self) -> str:
-        return json.dumps({
-            "nonce": self.nonce, "isolate": list(self.isolate),
-            "twins": [{"file": t.file, "name": t.name, "token": t.token} for t in self.twins],
-            "tripwires": [{"file": t.file, "name": t.name, "expect": t.expect, "token": t.token,
-                           "fixture": t.fixture} for t in self.tripwires]})
+        return json.dumps(asdict(self))
 
     def judge(self, results: Mapping[str, object]) -> tuple[dict[str, str], str | None]:
         """The main run's outcomes with the tripwires taken out and each isolated
@@ -101,6 +97,11 @@ class Challenge:
         return outcomes, None
 
 
+def _function(nodeid: str) -> str:
+    """The test function a test id names (its last part, parameters left out)."""
+    return nodeid.split("::")[-1].split("[")[0]
+
+
 def _name(rng: secrets.SystemRandom, words: Sequence[str], taken: set[str]) -> str:
     pool = list(dict.fromkeys(words)) or ["value", "result", "case", "check", "input"]
     while True:
@@ -119,7 +120,7 @@ def twin_tests(fail_to_pass: Sequence[str]) -> list[tuple[str, str]]:
     for name in fail_to_pass:
         parts = name.split("::")
         if len(parts) == 2 and parts[0].endswith(".py"):
-            found.append((parts[0], parts[1].split("[")[0]))
+            found.append((parts[0], _function(name)))
     return list(dict.fromkeys(found))
 
 
@@ -134,11 +135,11 @@ def new_challenge(fail_to_pass: Sequence[str], pass_to_pass: Sequence[str],
     wires: list[Tripwire] = []
     if tripwires and files:
         known = [*fail_to_pass, *pass_to_pass]
-        taken = {name.split("::")[-1].split("[")[0] for name in known}
+        taken = {_function(name) for name in known}
         for expect in EXPECTED:
             file = rng.choice(files)
             words = [w for name in known if name.startswith(file + "::")
-                     for w in _WORDS.findall(name.split("::")[-1].split("[")[0])
+                     for w in _WORDS.findall(_function(name))
                      if w != "test"]
             wires.append(Tripwire(file, _name(rng, words, taken), expect,
                                   secrets.token_hex(8), "given_" + rng.choice(words or ["case"])))

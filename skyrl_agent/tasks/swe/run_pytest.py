@@ -263,8 +263,10 @@ def main():
         report_fd, mode, rest = int(argv[1]), argv[2], argv[3:]
         if mode == "--one":
             child(report_fd, rest[1:], one=rest[0])
-        child(report_fd, rest)
-    launcher(argv)
+        else:
+            child(report_fd, rest)
+    else:
+        launcher(argv)
 
 
 if __name__ == "__main__":
