@@ -63,16 +63,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.tiny_model
 
 from skyrl_agent import plugins
 from skyrl_agent.agents.answer import AnswerAgent
-from skyrl_agent.agents.session import LLMSession
+from skyrl_agent.backends.build import make_backend
 from skyrl_agent.collector.rollout import sample_seed
 from skyrl_agent.config import RunConfig, load_config
 from skyrl_agent.data.store import TrajectoryStore
 from skyrl_agent.envs.env import Env
 from skyrl_agent.jobs.rollout import Rollout
 from skyrl_agent.jobs.train import TrainJob
-from skyrl_agent.trainers.checkpoints import Checkpoints
-from skyrl_agent.trainers.settings import make_backend
-from skyrl_agent.trainers.step import StepResult
+from skyrl_agent.llm.session import LLMSession
+from skyrl_agent.rl.checkpoints import Checkpoints
+from skyrl_agent.rl.step import StepResult
 from skyrl_agent.types import FinishReason
 from tests.tiny_models import char_model_dir
 

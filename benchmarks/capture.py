@@ -32,11 +32,11 @@ import aiohttp
 import openai
 from transformers import AutoTokenizer
 
-from skyrl_agent.agents.session import LLMSession, SessionConfig
 from skyrl_agent.capture import CaptureProxy
 from skyrl_agent.inference.client import InferenceClient
-from skyrl_agent.inference.models import resolve_model
 from skyrl_agent.inference.process import embedded_server
+from skyrl_agent.llm.session import LLMSession, SessionConfig
+from skyrl_agent.model.names import resolve_model
 from tests.tap_server import TapServer
 
 TURNS = 8

@@ -34,14 +34,14 @@ from aiohttp import web
 from transformers import AutoTokenizer
 
 from skyrl_agent import plugins
-from skyrl_agent.agents.session import LLMSession, SessionConfig
 from skyrl_agent.agents.terminus import TerminusAgent
 from skyrl_agent.collector.collector import Collector
 from skyrl_agent.collector.model import model_sessions
 from skyrl_agent.config import RunConfig
 from skyrl_agent.data.store import TrajectoryStore
 from skyrl_agent.inference.client import InferenceClient, Sampling
-from skyrl_agent.inference.models import resolve_model
+from skyrl_agent.llm.session import LLMSession, SessionConfig
+from skyrl_agent.model.names import resolve_model
 from skyrl_agent.sandboxes.base import FILE_READ_LIMIT, ExecResult, Sandbox
 from skyrl_agent.tasks import resolve_tasks
 

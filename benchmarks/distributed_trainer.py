@@ -26,11 +26,11 @@ from typing import Any
 import torch
 from transformers import AutoTokenizer
 
-from skyrl_agent.inference.models import resolve_model
-from skyrl_agent.trainers.backend import AdamParams, Datum
-from skyrl_agent.trainers.fsdp_backend import FsdpBackend
-from skyrl_agent.trainers.megatron.backend import MegatronBackend
-from skyrl_agent.trainers.torch_backend import TorchBackend
+from skyrl_agent.backends.backend import AdamParams, Datum
+from skyrl_agent.backends.fsdp_backend import FsdpBackend
+from skyrl_agent.backends.megatron.backend import MegatronBackend
+from skyrl_agent.backends.torch_backend import TorchBackend
+from skyrl_agent.model.names import resolve_model
 
 STEPS = 2
 SYNCS = 3

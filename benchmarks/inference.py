@@ -21,8 +21,8 @@ from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 
 from skyrl_agent.inference.client import InferenceClient, Sampling
-from skyrl_agent.inference.models import resolve_model
 from skyrl_agent.inference.process import embedded_server
+from skyrl_agent.model.names import resolve_model
 
 CONCURRENCY = (1, 4, 16)
 

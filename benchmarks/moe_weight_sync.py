@@ -24,10 +24,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from skyrl_agent.backends.backend import AdamParams, Datum
+from skyrl_agent.backends.torch_backend import TorchBackend
 from skyrl_agent.inference.client import InferenceClient, Sampling
 from skyrl_agent.inference.process import embedded_server
-from skyrl_agent.trainers.backend import AdamParams, Datum
-from skyrl_agent.trainers.torch_backend import TorchBackend
 from tests.tiny_models import char_moe_dir
 
 RESULTS = Path(__file__).parent / "results" / "moe_weight_sync.md"

@@ -26,13 +26,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from skyrl_agent.agents.session import LLMSession, SessionConfig
+from skyrl_agent.backends.torch_backend import TorchBackend
 from skyrl_agent.config import load_config
 from skyrl_agent.inference.client import InferenceClient
 from skyrl_agent.inference.process import embedded_server
 from skyrl_agent.jobs.train import reference_run
-from skyrl_agent.trainers.batch import trajectory_data
-from skyrl_agent.trainers.torch_backend import TorchBackend
+from skyrl_agent.llm.session import LLMSession, SessionConfig
+from skyrl_agent.rl.batch import trajectory_data
 from skyrl_agent.types import FinishReason, Reward, Trajectory
 from tests.tiny_models import char_moe_dir, char_tokenizer
 

@@ -6,7 +6,7 @@ and in bfloat16, with and without replaying the sampler's routing. Reported: the
 (token, layer) routing decisions where the trainer's own top-k differs from the sampler's, and
 the logprob gap on the sampled tokens (max, mean, k3 KL(sampler || trainer)).
 
-Needs only torch and transformers (the GPU machine's own), and skyrl_agent.inference.routers.
+Needs only torch and transformers (the GPU machine's own), and skyrl_agent.model.routers.
 
 Run: python benchmarks/r3_gpu.py   (one GPU, under a minute; writes
 benchmarks/results/r3_gpu.md; `--small` runs a CPU-sized model to check the script)
@@ -22,7 +22,7 @@ import torch
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 from transformers.cache_utils import DynamicCache
 
-from skyrl_agent.inference.routers import ReplayCount, RoutingTap, replayed_routing
+from skyrl_agent.model.routers import ReplayCount, RoutingTap, replayed_routing
 
 RESULTS = Path(__file__).parent / "results" / "r3_gpu.md"
 

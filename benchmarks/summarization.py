@@ -16,7 +16,7 @@ SmolLM2-135M on the embedded CPU server, generated tasks in local sandboxes, the
 
 Credit across the summary boundary: a trajectory is one sample of its group, whatever its
 segments; every turn of every segment, the summary replies included, is trained with the
-trajectory's advantage (`trainers/batch.py`). A summary that lost what a later segment needed
+trajectory's advantage (`rl/batch.py`). A summary that lost what a later segment needed
 ends in a failed trajectory, and its tokens are pushed down with the rest.
 
 Per arm and seed the table reports held-out pass@1, turns and segments per trajectory, the share

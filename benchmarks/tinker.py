@@ -31,11 +31,11 @@ from typing import Any
 
 import numpy as np
 
-from skyrl_agent.inference.models import resolve_model
+from skyrl_agent.backends.backend import AdamParams, Datum
+from skyrl_agent.backends.torch_backend import TorchBackend
 from skyrl_agent.inference.process import ServerProcess
-from skyrl_agent.trainers.backend import AdamParams, Datum
-from skyrl_agent.trainers.torch_backend import TorchBackend
-from skyrl_agent.trainers.torch_model import LoraSettings
+from skyrl_agent.model.loading import LoraSettings
+from skyrl_agent.model.names import resolve_model
 
 WARMUP, STEPS, RANK, LR = 1, 5, 16, 1e-4
 SHAPES = {"smollm2-135m": (4, 64), "tiny": (8, 32)}

@@ -41,19 +41,20 @@ import torch
 from safetensors.torch import save_file
 from transformers import AutoTokenizer
 
+from skyrl_agent.backends.backend import Datum
+from skyrl_agent.backends.torch_backend import TorchBackend
 from skyrl_agent.config import load_config
 from skyrl_agent.data.store import TrajectoryStore
 from skyrl_agent.inference.client import InferenceClient, Sampling
-from skyrl_agent.inference.models import resolve_model
 from skyrl_agent.inference.process import embedded_server
-from skyrl_agent.inference.server.weights import WeightLoader, load_weights
 from skyrl_agent.jobs.rollout import Rollout
-from skyrl_agent.trainers.backend import Datum
-from skyrl_agent.trainers.batch import pack_turns, sft_data
-from skyrl_agent.trainers.step import publish
-from skyrl_agent.trainers.torch_backend import TorchBackend
-from skyrl_agent.trainers.torch_model import load_causal_lm
-from skyrl_agent.trainers.weight_sync import SharedWeights, shared_memory_dir
+from skyrl_agent.model.loading import load_causal_lm
+from skyrl_agent.model.names import resolve_model
+from skyrl_agent.model.weights.files import shared_memory_dir
+from skyrl_agent.model.weights.reader import WeightLoader, load_weights
+from skyrl_agent.model.weights.writer import SharedWeights
+from skyrl_agent.rl.batch import pack_turns, sft_data
+from skyrl_agent.rl.step import publish
 from skyrl_agent.types import Trajectory
 
 RUNS = 5

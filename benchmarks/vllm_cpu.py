@@ -31,10 +31,10 @@ from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from skyrl_agent.inference.client import Completion, InferenceClient, Sampling
-from skyrl_agent.inference.models import resolve_model
 from skyrl_agent.inference.process import ServerProcess, embedded_server, unix_socket_of
 from skyrl_agent.inference.vllm import routes as vllm_routes
 from skyrl_agent.inference.vllm.launch import VLLMOptions, vllm_python, vllm_server
+from skyrl_agent.model.names import resolve_model
 from tests.inference_helpers import max_abs_diff, teacher_forced_logprobs
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -24,8 +24,8 @@ from safetensors.torch import save_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from skyrl_agent.inference.client import InferenceClient, Sampling
-from skyrl_agent.inference.models import resolve_model
 from skyrl_agent.inference.process import embedded_server
+from skyrl_agent.model.names import resolve_model
 
 RESULTS = Path(__file__).parent / "results" / "weight_swap.md"
 SHM = Path("/dev/shm") if Path("/dev/shm").is_dir() else None

@@ -26,9 +26,9 @@ import torch
 from ray.experimental.collective import create_collective_group
 from safetensors.torch import load_file
 
-from skyrl_agent.inference.models import resolve_model
-from skyrl_agent.inference.weight_files import new_weights_path
-from skyrl_agent.trainers.weight_sync import SharedWeights
+from skyrl_agent.model.names import resolve_model
+from skyrl_agent.model.weights.files import new_weights_path
+from skyrl_agent.model.weights.writer import SharedWeights
 
 REPEATS = 3
 RESULTS = Path(__file__).parent / "results" / "weight_transport.md"

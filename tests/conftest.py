@@ -124,7 +124,7 @@ def sandbox_config(backend) -> SandboxConfig:
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     """The built-in SmolLM2-135M-Instruct folder (converted once into the cache)."""
-    from skyrl_agent.inference.models import resolve_model
+    from skyrl_agent.model.names import resolve_model
     return resolve_model("smollm2-135m")
 
 

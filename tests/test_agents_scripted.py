@@ -12,11 +12,11 @@ import pytest
 from transformers import AutoTokenizer
 
 from skyrl_agent.agents.codeact import CodeActAgent
-from skyrl_agent.agents.session import LLMSession, SessionConfig
 from skyrl_agent.agents.terminus import TerminusAgent
 from skyrl_agent.collector.rollout import run_rollout
 from skyrl_agent.config import RunConfig
 from skyrl_agent.inference.client import InferenceClient
+from skyrl_agent.llm.session import LLMSession, SessionConfig
 from skyrl_agent.tasks import find_task
 from skyrl_agent.types import FinishReason
 from tests.scripted_server import ScriptedServer, replies

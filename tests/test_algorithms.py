@@ -7,18 +7,14 @@ import math
 import pytest
 import torch
 
-from skyrl_agent.trainers.algorithms import (
-    ADVANTAGES,
+from skyrl_agent.backends.algorithms import (
     CORRECTIONS,
     POLICY_LOSSES,
     REDUCTIONS,
     cispo_loss,
-    compute_advantages,
     cross_entropy_loss,
-    dr_grpo_advantages,
     dro_loss,
     entropy_BT,
-    grpo_advantages,
     gspo_loss,
     icepop_mask,
     importance_sampling_loss,
@@ -26,11 +22,17 @@ from skyrl_agent.trainers.algorithms import (
     policy_loss,
     ppo_clip_loss,
     reduce,
-    reinforce_pp_baseline_advantages,
-    rloo_advantages,
     sequence_mask_geometric,
     token_weights,
     truncated_is_weights,
+)
+from skyrl_agent.rl.advantages import (
+    ADVANTAGES,
+    compute_advantages,
+    dr_grpo_advantages,
+    grpo_advantages,
+    reinforce_pp_baseline_advantages,
+    rloo_advantages,
 )
 
 F64 = torch.float64

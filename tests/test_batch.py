@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from skyrl_agent.trainers.backend import Datum
-from skyrl_agent.trainers.batch import (
+from skyrl_agent.backends.backend import Datum
+from skyrl_agent.rl.batch import (
     group_advantages,
     groups_to_batch,
     pack_turns,
@@ -105,9 +105,9 @@ def test_uniform_groups_can_be_left_out_of_the_batch():
 
 
 def test_skipping_uniform_groups_never_skips_a_whole_step(tiny_model_dir):
+    from skyrl_agent.backends.torch_backend import TorchBackend
     from skyrl_agent.config import load_config
-    from skyrl_agent.trainers.step import train_on
-    from skyrl_agent.trainers.torch_backend import TorchBackend
+    from skyrl_agent.rl.step import train_on
 
     config = load_config(None, ["trainer.skip_uniform_groups=true"])
     uniform = TrajectoryGroup("t", tuple(trajectory([SEGMENT_2], reward=0.0, index=i)
@@ -134,7 +134,7 @@ def test_agreement_counts_tokens_their_version_alone_sampled():
     counts only up to the update; one whose server re-prefilled (vLLM) counts per token."""
     import dataclasses
 
-    from skyrl_agent.trainers.passes import sampled_by
+    from skyrl_agent.backends.passes import sampled_by
 
     kept = turn([0], [1, 1, 1], [-0.1] * 3, 1, versions=(1, 2, 2))
     recomputed = dataclasses.replace(kept, versions_exact=True)

@@ -10,7 +10,6 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from skyrl_agent.agents.session import LLMSession, SessionConfig
 from skyrl_agent.capture import CaptureProxy
 from skyrl_agent.inference.bounds import (
     MAX_LOGPROBS,
@@ -21,6 +20,7 @@ from skyrl_agent.inference.bounds import (
 )
 from skyrl_agent.inference.client import InferenceClient
 from skyrl_agent.inference.process import embedded_server
+from skyrl_agent.llm.session import LLMSession, SessionConfig
 from tests.scripted_server import ScriptedServer, replies
 from tests.tap_server import TapServer
 

@@ -103,7 +103,7 @@ def test_garbled_file(tmp_path):
 
 
 def test_group_advantages_need_groups_of_two():
-    from skyrl_agent.trainers.settings import check_trainable
+    from skyrl_agent.jobs.checks import check_trainable
 
     with pytest.raises(ConfigError, match="n_samples_per_task >= 2"):
         check_trainable(load_config(None, ["trainer.advantage=rloo"]))
@@ -111,8 +111,9 @@ def test_group_advantages_need_groups_of_two():
 
 
 def test_trainer_settings_become_the_loss_and_the_optimizer():
-    from skyrl_agent.trainers.loss import parse_loss_config
-    from skyrl_agent.trainers.settings import adam_params, loss_config
+    from skyrl_agent.backends.build import adam_params
+    from skyrl_agent.backends.loss import parse_loss_config
+    from skyrl_agent.rl.step import loss_config
 
     config = load_config(None, ["trainer.loss_fn=gspo", "trainer.correction=icepop",
                                 "trainer.grad_clip_norm=0.5", "agent.max_turns=3",
@@ -142,7 +143,7 @@ def test_routing_replay_on_vllm_without_a_gpu_is_one_line_before_anything_loads(
     a training run that would start vLLM on a CPU with routing replay stops at validation,
     before its trainer or servers load; on a GPU it passes."""
     from skyrl_agent.inference.vllm import launch
-    from skyrl_agent.trainers.settings import check_trainable, check_vllm_routing
+    from skyrl_agent.jobs.checks import check_trainable, check_vllm_routing
 
     monkeypatch.setattr(launch, "detect_device", lambda: "cpu")
     replay = ["inference.engine=vllm", "trainer.routing_replay=true",

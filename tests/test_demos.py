@@ -9,7 +9,6 @@ import asyncio
 import pytest
 from transformers import AutoTokenizer
 
-from skyrl_agent.agents.codeact.parsing import parse_tool_calls
 from skyrl_agent.agents.teacher import TEACHER_LOGPROB
 from skyrl_agent.agents.terminus.parsing import parse_reply
 from skyrl_agent.collector.demos import replay, token_problem
@@ -18,11 +17,12 @@ from skyrl_agent.data.run_dir import RunDir, RunRecord
 from skyrl_agent.data.store import TrajectoryStore
 from skyrl_agent.errors import UserError
 from skyrl_agent.jobs.demos import DemoJob, keep_rewarded
+from skyrl_agent.llm.tool_calls import parse_tool_calls
+from skyrl_agent.rl.batch import sft_data
+from skyrl_agent.rl.sft import plan_sft
 from skyrl_agent.tasks import resolve_tasks
 from skyrl_agent.tasks.families import FAMILIES
 from skyrl_agent.tasks.solution import solution_commands, solution_walkthrough
-from skyrl_agent.trainers.batch import sft_data
-from skyrl_agent.trainers.sft import plan_sft
 from skyrl_agent.types import FinishReason, Reward, Segment, Trajectory, Turn
 from tests.test_cli import assert_one_line_error, run
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from skyrl_agent.config import load_config
-from skyrl_agent.inference.models import resolve_model
-from skyrl_agent.trainers.estimate import (
+from skyrl_agent.model.names import resolve_model
+from skyrl_agent.rl.estimate import (
     WARN_AFTER_S,
     Rates,
     estimate_step,

@@ -9,7 +9,6 @@ import shutil
 import pytest
 from transformers import AutoTokenizer
 
-from skyrl_agent.agents.session import LLMSession, SessionConfig
 from skyrl_agent.agents.terminus import TerminusAgent
 from skyrl_agent.collector.rollout import run_rollout
 from skyrl_agent.config import RunConfig
@@ -18,6 +17,7 @@ from skyrl_agent.data.store import TrajectoryStore
 from skyrl_agent.evaluation.hacks import GRADER_PATHS, hack_report
 from skyrl_agent.evaluation.regrade import Regrade
 from skyrl_agent.inference.client import InferenceClient
+from skyrl_agent.llm.session import LLMSession, SessionConfig
 from skyrl_agent.tasks.model import load_task
 from skyrl_agent.types import Reward
 from tests.conftest import DEMO

@@ -20,7 +20,6 @@ import pytest
 from aiohttp import web
 from fastapi import FastAPI, Request, WebSocket  # module level: FastAPI reads the annotations
 
-from skyrl_agent.agents.session import LLMSession, SessionConfig
 from skyrl_agent.capture import CaptureProxy
 from skyrl_agent.data.run_dir import RunDir, RunRecord
 from skyrl_agent.data.store import TrajectoryStore
@@ -28,6 +27,7 @@ from skyrl_agent.harbor.relay import RelayConnector
 from skyrl_agent.harbor.relay_job import job_trajectories, wait_for_job
 from skyrl_agent.harbor.serve import free_port, harbor_serve
 from skyrl_agent.inference.client import InferenceClient
+from skyrl_agent.llm.session import LLMSession, SessionConfig
 from tests.conftest import DEMO
 from tests.tap_server import TapServer
 from tests.test_blackbox import long_tiny_model_dir, server_url, tokenizer  # noqa: F401

@@ -8,16 +8,16 @@ import sys
 
 import pytest
 
-from skyrl_agent.trainers import torch_backend
-from skyrl_agent.trainers.backend import Datum
-from skyrl_agent.trainers.heap import release_freed_heap
-from skyrl_agent.trainers.torch_backend import TorchBackend
+from skyrl_agent.backends import torch_backend
+from skyrl_agent.backends.backend import Datum
+from skyrl_agent.backends.heap import release_freed_heap
+from skyrl_agent.backends.torch_backend import TorchBackend
 
 # In a fresh process: 3,200 touched 64 KB blocks from the heap (under glibc's mmap threshold),
 # one small block above them so the heap's top cannot shrink, then the blocks freed.
 FRAGMENTED_HEAP = """
 import ctypes, ctypes.util
-from skyrl_agent.trainers.heap import release_freed_heap
+from skyrl_agent.backends.heap import release_freed_heap
 libc = ctypes.CDLL(ctypes.util.find_library("c"))
 libc.malloc.restype = ctypes.c_void_p
 libc.free.argtypes = [ctypes.c_void_p]

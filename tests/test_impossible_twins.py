@@ -11,15 +11,15 @@ import pytest
 
 from skyrl_agent import plugins
 from skyrl_agent.agents.answer import AnswerAgent
-from skyrl_agent.agents.session import LLMSession
 from skyrl_agent.data.store import TrajectoryStore
 from skyrl_agent.envs.env import Env
 from skyrl_agent.errors import UserError
 from skyrl_agent.evaluation.stats import summarize
 from skyrl_agent.jobs.train import TrainJob
+from skyrl_agent.llm.session import LLMSession
+from skyrl_agent.rl.checkpoints import Checkpoints
+from skyrl_agent.rl.metrics import read_metrics
 from skyrl_agent.tasks.model import is_impossible_twin
-from skyrl_agent.trainers.checkpoints import Checkpoints
-from skyrl_agent.trainers.metrics import read_metrics
 from skyrl_agent.types import FinishReason
 from tests.test_swe_challenge import targeted
 from tests.test_train import model, settings  # noqa: F401 - the tiny model fixture

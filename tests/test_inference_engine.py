@@ -16,7 +16,7 @@ from skyrl_agent.inference.server.kv import KVBatch
 from skyrl_agent.inference.server.kv_budget import KVBudgetExceeded, kv_bytes_per_token
 from skyrl_agent.inference.server.prefix_cache import PrefixCache
 from skyrl_agent.inference.server.sampling import SamplingParams, choose, make_generator
-from skyrl_agent.inference.server.weights import WeightUpdateError, load_weights
+from skyrl_agent.model.weights.reader import WeightUpdateError, load_weights
 from skyrl_agent.types import ChangedWeights
 from tests.inference_helpers import max_abs_diff, teacher_forced_logprobs
 

@@ -1,5 +1,8 @@
-"""Imports point down only: cli -> jobs -> evaluation, tinker, distributed -> trainers ->
-collector -> agents -> envs -> the leaves (sandboxes, inference, tasks, data) -> the core
+"""Imports point down only. Every folder has a rank of its own, so no two folders can import
+each other; the single-file modules of the core share the ground floor:
+
+cli -> jobs -> harbor -> distributed -> tinker -> evaluation -> rl -> collector -> agents ->
+capture -> llm -> envs -> backends -> inference -> sandboxes -> model -> tasks -> data -> the core
 (types, config, errors, atomic, plugins, stopping, descriptors, images)."""
 
 from __future__ import annotations
@@ -10,11 +13,13 @@ from pathlib import Path
 import skyrl_agent
 
 PACKAGE = Path(skyrl_agent.__file__).parent
-LAYER = {"types": 0, "config": 0, "errors": 0, "atomic": 0, "plugins": 0, "stopping": 0,
-         "descriptors": 0, "images": 0, "__init__": 0,
-         "capture": 4, "data": 1, "tasks": 1, "inference": 2, "sandboxes": 2, "envs": 3,
-         "agents": 4, "collector": 5, "trainers": 6, "evaluation": 7, "distributed": 7, "harbor": 7,
-         "tinker": 7, "jobs": 8, "cli": 9}
+CORE = ("types", "config", "errors", "atomic", "plugins", "stopping", "descriptors", "images",
+        "__init__")
+FOLDERS = ("data", "tasks", "model", "sandboxes", "inference", "backends", "envs", "llm",
+           "capture", "agents", "collector", "rl", "evaluation", "tinker", "distributed", "harbor",
+           "jobs", "cli")
+"""The folders from the bottom up."""
+LAYER = {**dict.fromkeys(CORE, 0), **{name: rank for rank, name in enumerate(FOLDERS, 1)}}
 """Rank of each top-level module or package: a module may import its own rank or lower."""
 
 
@@ -88,15 +93,45 @@ def test_task_sources_import_no_cycle():
     assert _in_a_cycle(_import_graph("skyrl_agent.tasks")) == []
 
 
-def test_trainers_see_the_collector_only_through_their_protocols():
-    """The loops get their groups from a GroupSource (trainers/workers.py); the collector and
-    model access are wired to them in jobs/ and distributed/."""
-    trainers = [p for p in (PACKAGE / "trainers").rglob("*.py")
-                if "collector" in _imported(ast.parse(p.read_text()))]
-    assert trainers == []
+def test_the_loops_see_the_collector_only_through_their_protocols():
+    """The loops get their groups from a GroupSource (rl/workers.py); the collector and model
+    access are wired to them in jobs/ and distributed/."""
+    assert _importers("rl", "collector") == []
 
 
 def test_no_module_imports_itself_through_others():
     """No import circle anywhere in the package, inside a function or not (the last one, between
     capture/messages.py and capture/tools.py, was opened with the jobs/ floor)."""
     assert _in_a_cycle(_import_graph("skyrl_agent")) == []
+
+
+def _importers(folder: str, of: str) -> list[str]:
+    return sorted(str(p.relative_to(PACKAGE)) for p in (PACKAGE / folder).rglob("*.py")
+                  if of in _imported(ast.parse(p.read_text())))
+
+
+def test_the_tinker_server_uses_backends_never_the_rl_loops():
+    """tinker/ serves Tinker's primitives over backends/; what drives them (rl/) is its
+    client's business, as in the cookbook."""
+    assert _importers("tinker", "backends") != []
+    assert _importers("tinker", "rl") == []
+
+
+def test_backends_and_loops_never_reach_the_inference_servers():
+    """A backend produces weights and the loop publishes them through rl.workers.ServerControl;
+    neither speaks HTTP to a server (what both must agree on with it is in model/)."""
+    assert _importers("backends", "inference") == []
+    assert _importers("rl", "inference") == []
+    assert _importers("backends", "rl") == []
+
+
+def test_no_folder_loop():
+    """Folders import each other in one direction only, whatever the ranks say."""
+    graph: dict[str, set[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        if path.name == "__main__.py":
+            continue  # entry points sit on top of everything
+        top = path.relative_to(PACKAGE).parts[0].removesuffix(".py")
+        graph.setdefault(top, set()).update(
+            t for t in _imported(ast.parse(path.read_text())) if t != top)
+    assert _in_a_cycle(graph) == []

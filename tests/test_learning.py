@@ -8,12 +8,12 @@ import asyncio
 
 import pytest
 
+from skyrl_agent.backends.torch_backend import TorchBackend
 from skyrl_agent.config import load_config
 from skyrl_agent.data.store import TrajectoryStore
 from skyrl_agent.jobs.rollout import Rollout
 from skyrl_agent.jobs.train import reference_run
-from skyrl_agent.trainers.batch import sft_data
-from skyrl_agent.trainers.torch_backend import TorchBackend
+from skyrl_agent.rl.batch import sft_data
 from tests.tiny_models import char_model_dir, char_moe_dir
 
 pytestmark = pytest.mark.slow

@@ -14,13 +14,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from skyrl_agent.agents.session import LLMSession, SessionConfig
+from skyrl_agent.backends.torch_backend import TorchBackend
 from skyrl_agent.data.schema import from_row, to_table
 from skyrl_agent.inference.client import InferenceClient
 from skyrl_agent.inference.process import embedded_server
-from skyrl_agent.inference.routers import ReplayCount, RoutingTap, find_routers, replayed_routing
-from skyrl_agent.trainers.batch import trajectory_data
-from skyrl_agent.trainers.torch_backend import TorchBackend
+from skyrl_agent.llm.session import LLMSession, SessionConfig
+from skyrl_agent.model.routers import ReplayCount, RoutingTap, find_routers, replayed_routing
+from skyrl_agent.rl.batch import trajectory_data
 from skyrl_agent.types import FinishReason, Reward, RoutedExperts, Segment, Trajectory, Turn
 from tests.tiny_models import char_model_dir, char_moe_dir, char_tokenizer
 
@@ -185,8 +185,8 @@ def test_torch_and_fsdp_backends_train_the_moe_on_the_served_routing(moe_server,
     """Both backends replay the routing the server recorded (at matching numerics the trainer's
     own choice agrees everywhere), agree with the sampler's logprobs to 1e-3, agree with each
     other, and an optimizer step moves the routers and the experts."""
-    from skyrl_agent.trainers.backend import AdamParams
-    from skyrl_agent.trainers.fsdp_backend import FsdpBackend
+    from skyrl_agent.backends.backend import AdamParams
+    from skyrl_agent.backends.fsdp_backend import FsdpBackend
 
     trajectory, _ = asyncio.run(_two_turns(moe_server))
     data = trajectory_data(trajectory, 1.0)
@@ -222,8 +222,8 @@ def test_lora_adapts_attention_and_every_expert_and_serves_merged(moe_dir):
     adapters) beside the attention projections; after a step the merged weights the sampler
     gets differ from the base in those tensors only, and they compute what the adapted model
     computes."""
-    from skyrl_agent.trainers.backend import AdamParams, Datum
-    from skyrl_agent.trainers.torch_model import LoraSettings
+    from skyrl_agent.backends.backend import AdamParams, Datum
+    from skyrl_agent.model.loading import LoraSettings
 
     backend = TorchBackend(moe_dir, dtype="float32", lora=LoraSettings(rank=4, alpha=8))
     adapted = {n.split(".lora_")[0] for n in backend.params}
@@ -261,7 +261,7 @@ def test_an_update_after_the_first_carries_only_the_experts_that_moved(moe_dir):
     were, so after the first (whole) update the next ones name only the moved expert rows
     (and the dense tensors), move fewer bytes, and the server still ends up with exactly the
     trainer's weights."""
-    from skyrl_agent.trainers.backend import AdamParams, Datum
+    from skyrl_agent.backends.backend import AdamParams, Datum
 
     sequence = [20, 21, 22, 23]  # three input tokens: at most 6 of 8 experts per layer
     datum = Datum(tuple(sequence[:-1]), {
@@ -330,8 +330,8 @@ def test_a_lora_update_names_only_the_experts_whose_adapters_moved(moe_dir):
     update gives exactly the new one (nothing that moved is missed)."""
     from safetensors.torch import load_file
 
-    from skyrl_agent.trainers.backend import AdamParams, Datum
-    from skyrl_agent.trainers.torch_model import LoraSettings
+    from skyrl_agent.backends.backend import AdamParams, Datum
+    from skyrl_agent.model.loading import LoraSettings
 
     sequence = [20, 21, 22, 23]  # three input tokens: at most 6 of 8 experts per layer
     datum = Datum(tuple(sequence[:-1]), {

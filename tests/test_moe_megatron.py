@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from skyrl_agent.trainers.torch_backend import TorchBackend
+from skyrl_agent.backends.torch_backend import TorchBackend
 from tests.test_moe import EXPERTS, LAYERS, TOP_K, _own_routing
 from tests.tiny_models import char_moe_dir
 
@@ -24,7 +24,7 @@ def moe_dir(tmp_path_factory):
 def _replay_batch(moe_dir, tmp_path) -> list:
     """Four rows of uneven length whose recorded routing comes from another model (its
     routers choose other experts for almost every token), the last position unrecorded."""
-    from skyrl_agent.trainers.backend import Datum
+    from skyrl_agent.backends.backend import Datum
 
     other = AutoModelForCausalLM.from_pretrained(
         char_moe_dir(tmp_path / "other", seed=1, experts=EXPERTS, top_k=TOP_K, layers=LAYERS),
@@ -53,8 +53,8 @@ def test_megatron_moe_matches_the_torch_backend_replaying_the_same_routing(
     Megatron's sequence-major token order as if it were batch-major."""
     from safetensors.torch import load_file
 
-    from skyrl_agent.trainers.backend import AdamParams
-    from skyrl_agent.trainers.megatron.backend import MegatronBackend
+    from skyrl_agent.backends.backend import AdamParams
+    from skyrl_agent.backends.megatron.backend import MegatronBackend
 
     data = _replay_batch(moe_dir, tmp_path)
     one = TorchBackend(moe_dir, dtype="float32", routing_replay=True)

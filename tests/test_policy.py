@@ -6,7 +6,7 @@ import pytest
 
 from skyrl_agent.collector.policy import MASKED_FAILURES, FailurePolicy, error_type, policy_for
 from skyrl_agent.config import CollectorConfig
-from skyrl_agent.trainers.step import group_metrics
+from skyrl_agent.rl.step import group_metrics
 from skyrl_agent.types import FailureKind, FinishReason, Reward, Trajectory
 
 

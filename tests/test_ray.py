@@ -18,8 +18,8 @@ from skyrl_agent.config import load_config
 from skyrl_agent.data.run_dir import RunDir
 from skyrl_agent.data.store import TrajectoryStore
 from skyrl_agent.jobs.train import TrainJob
-from skyrl_agent.trainers.checkpoints import Checkpoints
-from skyrl_agent.trainers.metrics import read_metrics
+from skyrl_agent.rl.checkpoints import Checkpoints
+from skyrl_agent.rl.metrics import read_metrics
 from tests.test_cli import assert_one_line_error, run
 from tests.tiny_models import char_model_dir
 
@@ -164,9 +164,9 @@ def test_rank_actors_train_like_rank_processes_and_a_lost_one_ends_the_group(mod
     results that differ from rank processes', rank 0 away from the servers' node (their
     shared-memory weights would be out of reach), and a dead rank actor that leaves the driver
     waiting for its peer's collective."""
+    from skyrl_agent.backends.megatron.backend import MegatronBackend
+    from skyrl_agent.backends.ranks import RankError
     from skyrl_agent.distributed.ranks import RayRankGroup
-    from skyrl_agent.trainers.megatron.backend import MegatronBackend
-    from skyrl_agent.trainers.ranks import RankError
     from tests.test_sharded_backends import ADAM, batch
 
     processes = MegatronBackend(model, tensor_parallel=2, micro_batch_tokens=24)
@@ -197,7 +197,7 @@ def test_rank_actors_train_like_rank_processes_and_a_lost_one_ends_the_group(mod
 
     # A node that cannot see the model is named in one line, before any rank loads anything.
     with pytest.raises(ValueError, match=r"rank 0 \(node .*\) cannot read the model folder"):
-        RayRankGroup(2, "skyrl_agent.trainers.megatron.rank:MegatronRank", "cpu",
+        RayRankGroup(2, "skyrl_agent.backends.megatron.rank:MegatronRank", "cpu",
                      {"model_folder": str(model / "elsewhere")}, cpus=0.5)
 
 

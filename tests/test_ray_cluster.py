@@ -10,8 +10,8 @@ import time
 import pytest
 
 from skyrl_agent.data.store import TrajectoryStore
-from skyrl_agent.trainers.checkpoints import Checkpoints
-from skyrl_agent.trainers.metrics import read_metrics
+from skyrl_agent.rl.checkpoints import Checkpoints
+from skyrl_agent.rl.metrics import read_metrics
 from tests.test_train import assert_nothing_lost_or_repeated
 from tests.tiny_models import char_model_dir
 

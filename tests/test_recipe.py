@@ -11,8 +11,8 @@ from skyrl_agent.config import load_config
 from skyrl_agent.data.store import TrajectoryStore
 from skyrl_agent.errors import TaskError
 from skyrl_agent.jobs.recipe import RL_CHECKPOINT_EVERY, RecipeSettings, rl_job
+from skyrl_agent.rl.batch import sft_data
 from skyrl_agent.tasks.families import split_of
-from skyrl_agent.trainers.batch import sft_data
 from tests.test_cli import run
 
 pytestmark = pytest.mark.slow

@@ -9,8 +9,9 @@ import dataclasses
 import pytest
 from transformers import AutoTokenizer
 
-from skyrl_agent.agents.rendering import ChatRenderer, TemplateError
-from skyrl_agent.agents.session import (
+from skyrl_agent.inference.client import InferenceClient
+from skyrl_agent.llm.rendering import ChatRenderer, TemplateError
+from skyrl_agent.llm.session import (
     SUMMARY_HEADER,
     TRUNCATE_TO,
     ContextOverflow,
@@ -18,7 +19,6 @@ from skyrl_agent.agents.session import (
     SessionConfig,
     TokenBudgetSpent,
 )
-from skyrl_agent.inference.client import InferenceClient
 from skyrl_agent.types import FinishReason
 from tests.scripted_server import ScriptedServer, replies
 
@@ -345,8 +345,8 @@ def test_a_turn_stores_only_the_routing_its_segment_does_not_hold_yet():
     routing) keeps the completion's whole record."""
     import numpy as np
 
-    from skyrl_agent.agents.session import _new_routing
     from skyrl_agent.inference.client import Completion
+    from skyrl_agent.llm.session import _new_routing
     from skyrl_agent.types import RoutedExperts, Turn
 
     def routed(start: int, rows: int) -> RoutedExperts:
@@ -374,7 +374,7 @@ def test_a_turn_stores_only_the_routing_its_segment_does_not_hold_yet():
 @pytest.fixture(scope="module")
 def vlm(tmp_path_factory):
     """A tiny LLaVA's tokenizer and image inputs (built in about a second)."""
-    from skyrl_agent.inference.vision import ImageInputs
+    from skyrl_agent.model.vision import ImageInputs
     from tests.tiny_models import char_vlm_dir
 
     folder = char_vlm_dir(tmp_path_factory.mktemp("vlm"))
@@ -382,7 +382,7 @@ def vlm(tmp_path_factory):
 
 
 def _shows(text: str, *pictures: bytes) -> dict:
-    from skyrl_agent.agents.rendering import image_part
+    from skyrl_agent.llm.rendering import image_part
 
     return {"role": "user", "content": [{"type": "text", "text": text},
                                         *[image_part(p) for p in pictures]]}
@@ -393,7 +393,7 @@ def test_images_are_rendered_in_place_and_only_for_a_vision_model(vlm):
     render and in one that extends a reply (offsets from the first new id); the text-only
     methods and a text model refuse image parts instead of dropping them; text-only messages
     pass through unchanged."""
-    from skyrl_agent.agents.rendering import split_images
+    from skyrl_agent.llm.rendering import split_images
     from tests.tiny_models import png
 
     tokenizer, images = vlm

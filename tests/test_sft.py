@@ -6,13 +6,13 @@ import asyncio
 
 import pytest
 
+from skyrl_agent.backends.torch_backend import TorchBackend
 from skyrl_agent.config import load_config
 from skyrl_agent.data.store import TrajectoryStore
 from skyrl_agent.inference.client import InferenceClient, Sampling
 from skyrl_agent.inference.process import embedded_server
 from skyrl_agent.jobs.rollout import Rollout
-from skyrl_agent.trainers.batch import sft_data
-from skyrl_agent.trainers.torch_backend import TorchBackend
+from skyrl_agent.rl.batch import sft_data
 from tests.test_cli import assert_one_line_error, run
 from tests.tiny_models import char_model_dir
 

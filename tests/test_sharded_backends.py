@@ -16,14 +16,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from skyrl_agent.trainers.backend import AdamParams, Datum
-from skyrl_agent.trainers.batch import groups_to_batch
-from skyrl_agent.trainers.fsdp_backend import FsdpBackend
-from skyrl_agent.trainers.loss import LOSS_FNS
-from skyrl_agent.trainers.megatron.backend import MegatronBackend
-from skyrl_agent.trainers.ranks import RankError
-from skyrl_agent.trainers.torch_backend import TorchBackend
-from skyrl_agent.trainers.torch_model import LoraSettings
+from skyrl_agent.backends.backend import AdamParams, Datum
+from skyrl_agent.backends.fsdp_backend import FsdpBackend
+from skyrl_agent.backends.loss import LOSS_FNS
+from skyrl_agent.backends.megatron.backend import MegatronBackend
+from skyrl_agent.backends.ranks import RankError
+from skyrl_agent.backends.torch_backend import TorchBackend
+from skyrl_agent.model.loading import LoraSettings
+from skyrl_agent.rl.batch import groups_to_batch
 from tests.test_trainer import groups, sample
 from tests.tiny_models import char_model_dir
 
@@ -198,7 +198,7 @@ def test_every_megatron_cut_puts_the_shards_back_together(char_model, tp):
     it was; at TP 2 a shard of the fused QKV holds whole key-value groups (its own heads)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from skyrl_agent.trainers.megatron.mapping import Layout, pieces, shard, unshard
+    from skyrl_agent.backends.megatron.mapping import Layout, pieces, shard, unshard
 
     config = AutoConfig.from_pretrained(char_model)
     layout = Layout.of(config, tp)
@@ -229,7 +229,7 @@ def test_a_megatron_export_serves_what_the_trainer_computes(char_model, tmp_path
 
     from skyrl_agent.inference.client import InferenceClient
     from skyrl_agent.inference.process import embedded_server
-    from skyrl_agent.trainers.batch import trajectory_data
+    from skyrl_agent.rl.batch import trajectory_data
     from tests.test_trainer import _one_turn, served_logprobs
 
     backend = MegatronBackend(char_model, tensor_parallel=2)
@@ -285,7 +285,7 @@ def test_ctrl_c_reaches_the_driver_alone_and_no_rank_outlives_it(char_model):
 
     script = (
         "import time\n"
-        "from skyrl_agent.trainers.fsdp_backend import FsdpBackend\n"
+        "from skyrl_agent.backends.fsdp_backend import FsdpBackend\n"
         f"backend = FsdpBackend({str(char_model)!r}, world_size=2)\n"
         "print(' '.join(str(p.pid) for p in backend._ranks._processes), flush=True)\n"
         "try:\n"

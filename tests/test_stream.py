@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from skyrl_agent.rl.stream import TaskStream
 from skyrl_agent.tasks.model import TaskSpec
-from skyrl_agent.trainers.stream import TaskStream
 
 
 @pytest.fixture(scope="module")

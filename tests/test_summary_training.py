@@ -9,12 +9,12 @@ import dataclasses
 
 import pytest
 
+from skyrl_agent.backends.backend import AdamParams, Datum
+from skyrl_agent.backends.torch_backend import TorchBackend
 from skyrl_agent.config import load_config
 from skyrl_agent.data.store import TrajectoryStore
 from skyrl_agent.jobs.demos import DemoJob
-from skyrl_agent.trainers.backend import AdamParams, Datum
-from skyrl_agent.trainers.batch import trajectory_data
-from skyrl_agent.trainers.torch_backend import TorchBackend
+from skyrl_agent.rl.batch import trajectory_data
 from skyrl_agent.types import Segment, Trajectory
 
 pytestmark = pytest.mark.slow

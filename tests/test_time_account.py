@@ -14,7 +14,7 @@ from skyrl_agent.config import RunConfig
 from skyrl_agent.data.schema import from_row, to_row
 from skyrl_agent.evaluation.charts import run_charts
 from skyrl_agent.evaluation.stats import describe_time, summarize
-from skyrl_agent.trainers.step import group_metrics
+from skyrl_agent.rl.step import group_metrics
 from skyrl_agent.types import TIME_ACCOUNT, TrajectoryGroup
 from tests.scripted_server import replies
 from tests.test_agents_scripted import DONE, HELLO, rollout, terminus, tokenizer  # noqa: F401

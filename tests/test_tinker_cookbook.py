@@ -55,8 +55,8 @@ def _boxed_model(tiny_model_dir: Path, target: Path) -> Path:
     """The tiny model, fully fine-tuned to reply \\boxed{5} or \\boxed{8} to any question."""
     from transformers import AutoTokenizer
 
-    from skyrl_agent.trainers.backend import AdamParams, Datum
-    from skyrl_agent.trainers.torch_backend import TorchBackend
+    from skyrl_agent.backends.backend import AdamParams, Datum
+    from skyrl_agent.backends.torch_backend import TorchBackend
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     data = []

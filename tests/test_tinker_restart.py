@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from skyrl_agent.inference.weight_files import PREFIX, shared_memory_dir
+from skyrl_agent.model.weights.files import PREFIX, shared_memory_dir
 from tests.test_tinker import datum, logprobs_of
 from tests.tinker_server import (  # noqa: F401 - autouse fixture
     _sdk_env,

@@ -178,9 +178,9 @@ def test_the_server_logs_its_own_info_and_only_warnings_of_libraries():
 def test_lora_models_over_one_base_hold_its_weights_once(tmp_path):
     """Stops: each tenant's LoRA model holding a copy of the base (memory = base x models),
     and a shared base that one model's training can move under another."""
+    from skyrl_agent.backends.backend import AdamParams, Datum
     from skyrl_agent.tinker.config import BaseModels, ServiceOptions
     from skyrl_agent.tinker.models import lora_spec, make_backend
-    from skyrl_agent.trainers.backend import AdamParams, Datum
 
     folder = char_model_dir(tmp_path / "char", hidden=16, layers=1)
     base = BaseModels([f"tiny={folder}"]).get("tiny")

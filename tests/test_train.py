@@ -16,10 +16,10 @@ import pytest
 from skyrl_agent.config import load_config
 from skyrl_agent.data.store import TrajectoryStore
 from skyrl_agent.jobs.train import TrainJob, reference_run
-from skyrl_agent.trainers.checkpoints import Checkpoints
-from skyrl_agent.trainers.estimate import rates_path, remembered
-from skyrl_agent.trainers.loop import oldest_version
-from skyrl_agent.trainers.metrics import read_metrics
+from skyrl_agent.rl.checkpoints import Checkpoints
+from skyrl_agent.rl.estimate import rates_path, remembered
+from skyrl_agent.rl.loop import oldest_version
+from skyrl_agent.rl.metrics import read_metrics
 from skyrl_agent.types import TrajectoryGroup
 from tests.test_cli import CLI, assert_one_line_error, run
 from tests.tiny_models import char_model_dir

@@ -13,15 +13,15 @@ import pytest
 import torch
 
 from skyrl_agent.atomic import staging_path
+from skyrl_agent.backends.torch_backend import TorchBackend
 from skyrl_agent.config import RunConfig
 from skyrl_agent.data.run_dir import RunDir
 from skyrl_agent.inference.client import InferenceClient, Sampling
 from skyrl_agent.inference.process import embedded_server
-from skyrl_agent.trainers.batch import groups_to_batch, trajectory_data
-from skyrl_agent.trainers.checkpoints import Checkpoints, LoopState
-from skyrl_agent.trainers.step import train_on
-from skyrl_agent.trainers.torch_backend import TorchBackend
-from skyrl_agent.trainers.torch_model import LoraSettings
+from skyrl_agent.model.loading import LoraSettings
+from skyrl_agent.rl.batch import groups_to_batch, trajectory_data
+from skyrl_agent.rl.checkpoints import Checkpoints, LoopState
+from skyrl_agent.rl.step import train_on
 from skyrl_agent.types import FinishReason, Reward, Segment, Trajectory, TrajectoryGroup, Turn
 from tests.tiny_models import char_model_dir
 
@@ -178,9 +178,9 @@ def test_micro_batches_sum_to_the_whole_batch(char_model):
 
 
 def test_sft_refuses_a_run_sampled_with_another_tokenizer(char_model):
+    from skyrl_agent.backends.backend import Datum
     from skyrl_agent.errors import UserError
-    from skyrl_agent.trainers.backend import Datum
-    from skyrl_agent.trainers.sft import _check_vocabulary
+    from skyrl_agent.rl.sft import _check_vocabulary
 
     _check_vocabulary([Datum((5, 102), {"target_tokens": (102, 5)})], str(char_model))
     with pytest.raises(UserError, match="token id 500 but"):

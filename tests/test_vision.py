@@ -12,11 +12,11 @@ import urllib.request
 
 import pytest
 
+from skyrl_agent.backends.backend import AdamParams, Datum
+from skyrl_agent.backends.torch_backend import TorchBackend
 from skyrl_agent.inference.process import embedded_server
-from skyrl_agent.inference.vision import ImageError, ImageInputs, decode_image, image_bytes
-from skyrl_agent.trainers.backend import AdamParams, Datum
-from skyrl_agent.trainers.torch_backend import TorchBackend
-from skyrl_agent.trainers.torch_model import LoraSettings
+from skyrl_agent.model.loading import LoraSettings
+from skyrl_agent.model.vision import ImageError, ImageInputs, decode_image, image_bytes
 from skyrl_agent.types import PlacedImage
 from tests.tiny_models import char_tokenizer, char_vlm_dir, png
 
@@ -213,9 +213,9 @@ async def _image_session(url: str, vlm_dir) -> tuple:
     one (as an agent's tool output would)."""
     from transformers import AutoTokenizer
 
-    from skyrl_agent.agents.rendering import image_part
-    from skyrl_agent.agents.session import LLMSession, SessionConfig
     from skyrl_agent.inference.client import InferenceClient
+    from skyrl_agent.llm.rendering import image_part
+    from skyrl_agent.llm.session import LLMSession, SessionConfig
 
     tokenizer = AutoTokenizer.from_pretrained(vlm_dir)
     async with InferenceClient([url]) as client:
@@ -238,7 +238,7 @@ def test_an_image_observation_is_recorded_stored_and_replayed_token_exactly(vlm_
     import asyncio
 
     from skyrl_agent.data.schema import from_row, to_table
-    from skyrl_agent.trainers.batch import pack_turns
+    from skyrl_agent.rl.batch import pack_turns
     from skyrl_agent.types import FinishReason, Reward, Trajectory
 
     segments, drift = asyncio.run(_image_session(vlm_server.url, vlm_dir))
@@ -274,9 +274,9 @@ def test_an_image_observation_is_recorded_stored_and_replayed_token_exactly(vlm_
 def test_megatron_refuses_a_vision_model_with_one_line(vlm_dir):
     """Megatron's GPT model has no vision tower: a clear configuration error, not a crash in a
     rank process."""
+    from skyrl_agent.backends.build import build_backend
     from skyrl_agent.config import TrainerConfig
     from skyrl_agent.errors import ConfigError
-    from skyrl_agent.trainers.settings import build_backend
 
     with pytest.raises(ConfigError, match="on the torch or fsdp backend"):
         build_backend(vlm_dir, TrainerConfig(backend="megatron"), None, seed=0)
@@ -286,7 +286,7 @@ def test_fsdp_ranks_train_a_vision_model_as_one_process_does(vlm_dir):
     """Two FSDP2 ranks (gloo) shard the LLaVA layer by layer, vision tower included: on image
     data their logprobs equal the one-process backend's, before and after the same step
     (1e-5), and each row's pixels go with it to its rank."""
-    from skyrl_agent.trainers.fsdp_backend import FsdpBackend
+    from skyrl_agent.backends.fsdp_backend import FsdpBackend
 
     inputs = ImageInputs.for_model(vlm_dir)
     assert inputs is not None
@@ -358,10 +358,10 @@ async def test_codeact_looks_at_an_image_the_sandbox_holds(vlm_dir, tmp_path, wo
     from transformers import AutoTokenizer
 
     from skyrl_agent.agents.codeact import CodeActAgent
-    from skyrl_agent.agents.session import LLMSession, SessionConfig
     from skyrl_agent.agents.teacher import Teacher
     from skyrl_agent.collector.rollout import run_rollout
     from skyrl_agent.config import RunConfig, SandboxConfig
+    from skyrl_agent.llm.session import LLMSession, SessionConfig
     from skyrl_agent.tasks.families import family
     from skyrl_agent.tasks.generated import write_task
     from skyrl_agent.tasks.model import load_task

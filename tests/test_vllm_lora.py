@@ -8,11 +8,11 @@ import asyncio
 import pytest
 import torch
 
+from skyrl_agent.backends.backend import Datum
+from skyrl_agent.backends.torch_backend import TorchBackend
 from skyrl_agent.inference.client import InferenceClient, Sampling
 from skyrl_agent.inference.vllm.launch import VLLMOptions, vllm_server
-from skyrl_agent.trainers.backend import Datum
-from skyrl_agent.trainers.torch_backend import TorchBackend
-from skyrl_agent.trainers.torch_model import LoraSettings
+from skyrl_agent.model.loading import LoraSettings
 from tests.inference_helpers import max_abs_diff, until_generated
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

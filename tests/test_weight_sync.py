@@ -16,8 +16,9 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from skyrl_agent.inference.server.weights import load_weights
-from skyrl_agent.trainers.weight_sync import SharedWeights, shared_memory_dir
+from skyrl_agent.model.weights.files import shared_memory_dir
+from skyrl_agent.model.weights.reader import load_weights
+from skyrl_agent.model.weights.writer import SharedWeights
 
 CONFIG = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
@@ -234,7 +235,7 @@ def test_shared_memory_dir_is_a_writable_directory() -> None:
 def test_files_of_dead_trainers_are_removed_and_live_ones_kept(tmp_path):
     import subprocess
 
-    from skyrl_agent.inference.weight_files import (
+    from skyrl_agent.model.weights.files import (
         ADAPTERS_PREFIX,
         PREFIX,
         new_adapters_dir,

@@ -7,7 +7,7 @@ and runs with `skyrl-agent rollout --agent hello`.
 from __future__ import annotations
 
 from skyrl_agent.agents.base import Agent, AgentResult
-from skyrl_agent.agents.session import LLMSession
+from skyrl_agent.llm.session import LLMSession
 from skyrl_agent.envs.env import Env
 from skyrl_agent.types import FinishReason
 

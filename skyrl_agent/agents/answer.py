@@ -8,8 +8,8 @@ No tools, no terminal: the model's only action is its reply.
 from __future__ import annotations
 
 from skyrl_agent.agents.base import ModelAgent, task_content
-from skyrl_agent.agents.session import LLMSession
 from skyrl_agent.envs.env import Env
+from skyrl_agent.llm.session import LLMSession
 from skyrl_agent.types import FinishReason
 
 ANSWER_FILE = "/app/answer.txt"

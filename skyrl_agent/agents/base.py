@@ -17,7 +17,7 @@ from skyrl_agent.sandboxes.base import SandboxError
 from skyrl_agent.types import FailureKind, FinishReason
 
 if TYPE_CHECKING:
-    from skyrl_agent.agents.session import LLMSession
+    from skyrl_agent.llm.session import LLMSession
     from skyrl_agent.tasks.families.base import Step
 
 
@@ -128,7 +128,7 @@ class ModelAgent(Agent):
     """
 
     async def run(self, env: Env, llm: LLMSession | None) -> AgentResult:
-        from skyrl_agent.agents.session import ContextOverflow, TokenBudgetSpent
+        from skyrl_agent.llm.session import ContextOverflow, TokenBudgetSpent
 
         if llm is None:
             raise ValueError(f"agent {self.name!r} needs a model session")

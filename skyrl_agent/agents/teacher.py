@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from skyrl_agent.agents.session import TokenBudgetSpent
 from skyrl_agent.inference.client import Completion, Sampling
+from skyrl_agent.llm.session import TokenBudgetSpent
 from skyrl_agent.types import PlacedImage
 
 TEACHER_LOGPROB = 0.0

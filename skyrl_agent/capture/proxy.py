@@ -29,12 +29,12 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from skyrl_agent.agents.rendering import TemplateError
-from skyrl_agent.agents.session import ContextOverflow, LLMSession, TokenBudgetSpent
 from skyrl_agent.capture import wire
 from skyrl_agent.capture.messages import BadRequest, ChatRequest, TextRequest
 from skyrl_agent.capture.recorder import Captured, CaptureSession, Templates
 from skyrl_agent.inference.client import InferenceError
+from skyrl_agent.llm.rendering import TemplateError
+from skyrl_agent.llm.session import ContextOverflow, LLMSession, TokenBudgetSpent
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -19,11 +19,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from skyrl_agent.agents.rendering import ChatRenderer
-from skyrl_agent.agents.session import LLMSession, differing_tokens
 from skyrl_agent.capture import tools as tool_format
 from skyrl_agent.capture.messages import Call, ChatMessage, ChatRequest, TextRequest, parse_messages
 from skyrl_agent.inference.client import Completion, InferenceError
+from skyrl_agent.llm.rendering import ChatRenderer
+from skyrl_agent.llm.session import LLMSession, differing_tokens
 
 Key = tuple[Any, ...]
 
@@ -213,7 +213,7 @@ class CaptureSession:
 
     async def _sample(self, prompt: list[int], limit: int | None, segment: int | None,
                       stop: tuple[str, ...]) -> tuple[int, Completion]:
-        from skyrl_agent.agents.session import ContextOverflow, TokenBudgetSpent
+        from skyrl_agent.llm.session import ContextOverflow, TokenBudgetSpent
 
         self.stats.calls += 1
         try:

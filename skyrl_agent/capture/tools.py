@@ -14,8 +14,8 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from skyrl_agent.agents.codeact.parsing import NoToolCall, parse_tool_calls
 from skyrl_agent.capture.messages import Call
+from skyrl_agent.llm.tool_calls import NoToolCall, parse_tool_calls
 
 _PROBE_TOOL = [{"type": "function", "function": {
     "name": "probe_tool_4f1c", "description": "", "parameters": {"type": "object"}}}]

@@ -67,8 +67,8 @@ def _serve_vllm(model: str, served_model_name: str | None, kv_cache_mb: float,
     import signal
     import threading
 
-    from skyrl_agent.inference.models import resolve_model
     from skyrl_agent.inference.vllm.launch import VLLMOptions, vllm_server
+    from skyrl_agent.model.names import resolve_model
 
     options = VLLMOptions(model=str(resolve_model(model)),
                           served_model_name=served_model_name or model,

@@ -35,7 +35,7 @@ def sft(
     config applies (trainer.learning_rate, trainer.lora_rank, ...)."""
     from skyrl_agent.config import load_config
     from skyrl_agent.errors import UserError
-    from skyrl_agent.trainers.sft import SftStep, plan_sft, run_sft
+    from skyrl_agent.rl.sft import SftStep, plan_sft, run_sft
 
     setup_logging()
     settings = load_config(config, list(overrides or []))

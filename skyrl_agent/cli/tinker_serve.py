@@ -65,7 +65,7 @@ def tinker_serve(
     """Serve the Tinker API (training clients, sampling clients, checkpoints) for the tinker
     SDK: ServiceClient(base_url="http://HOST:PORT", api_key=KEY)."""
     from skyrl_agent.errors import ConfigError
-    from skyrl_agent.inference.models import cache_dir
+    from skyrl_agent.model.names import cache_dir
     from skyrl_agent.tinker.config import (
         TINKER_KEY_PREFIX,
         BaseModels,

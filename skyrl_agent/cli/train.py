@@ -17,7 +17,7 @@ from skyrl_agent.cli.common import (
 )
 
 if TYPE_CHECKING:
-    from skyrl_agent.trainers.step import StepResult
+    from skyrl_agent.rl.step import StepResult
 
 SHOWN = ("loss", "grad_norm", "agreement/max_abs_diff", "staleness_max", "dropped_stale",
          "trainer_idle")

@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from skyrl_agent.agents.base import Agent, agent_class
-from skyrl_agent.agents.session import LLMSession
 from skyrl_agent.agents.teacher import Teacher
 from skyrl_agent.collector.model import session_config
 from skyrl_agent.collector.rollout import make_agent, run_rollout
 from skyrl_agent.config import RunConfig
 from skyrl_agent.envs.episode import SandboxSource, fresh_sandboxes
-from skyrl_agent.inference.vision import tokenizer_images
+from skyrl_agent.llm.session import LLMSession
+from skyrl_agent.model.vision import tokenizer_images
 from skyrl_agent.tasks.families.base import Step
 from skyrl_agent.tasks.model import TaskSpec
 from skyrl_agent.tasks.solution import solution_commands, solution_plan, solution_walkthrough
@@ -135,5 +135,5 @@ async def replay(trajectory: Trajectory, task: TaskSpec, config: RunConfig,
 def load_tokenizer(config: RunConfig) -> Any:
     from transformers import AutoTokenizer
 
-    from skyrl_agent.inference.models import resolve_model
+    from skyrl_agent.model.names import resolve_model
     return AutoTokenizer.from_pretrained(resolve_model(config.inference.model))

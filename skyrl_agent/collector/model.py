@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from skyrl_agent.agents.base import Agent
-from skyrl_agent.agents.session import LLMSession, SessionConfig
 from skyrl_agent.collector.rollout import SessionFactory
 from skyrl_agent.config import InferenceConfig, RunConfig
 from skyrl_agent.data.run_dir import RunDir
@@ -22,7 +21,8 @@ from skyrl_agent.errors import RunStopped
 from skyrl_agent.inference.auth import endpoint_key, save_server_keys
 from skyrl_agent.inference.client import InferenceClient
 from skyrl_agent.inference.process import ServerProcess
-from skyrl_agent.inference.vision import ImageInputs
+from skyrl_agent.llm.session import LLMSession, SessionConfig
+from skyrl_agent.model.vision import ImageInputs
 
 log = logging.getLogger(__name__)
 SERVER_POLL_S = 0.25
@@ -82,8 +82,8 @@ def model_server(inference: InferenceConfig, log_path: Path,
     trainer's adapters, which a vLLM server then takes as they are; `routed_experts`: routing
     replay, which a vLLM server must be started for (the embedded one answers per request)."""
     if inference.engine == "vllm":
-        from skyrl_agent.inference.models import resolve_model
         from skyrl_agent.inference.vllm.launch import VLLMOptions, vllm_server
+        from skyrl_agent.model.names import resolve_model
 
         options = VLLMOptions(model=str(resolve_model(inference.model)),
                               served_model_name=inference.model, dtype=inference.dtype,
@@ -109,7 +109,7 @@ async def model_sessions(config: RunConfig, run_dir: Path) -> AsyncIterator[Mode
     """A session factory over the configured endpoint, or over embedded servers started here."""
     from transformers import AutoTokenizer
 
-    from skyrl_agent.inference.models import resolve_model
+    from skyrl_agent.model.names import resolve_model
 
     folder = resolve_model(config.inference.model)
     tokenizer = AutoTokenizer.from_pretrained(folder)

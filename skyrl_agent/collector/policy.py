@@ -15,7 +15,7 @@ format (`collector.override_error_policy`). With the defaults:
 - a sandbox that died under the agent, artifacts over their limits: reward 0, kept. Harbor has
   no type for these; ours are never retried, since an agent must not be able to opt out of a
   negative reward by breaking its sandbox;
-- the trainer drops a group with a masked sample and counts it (trainers/batch.py), rather
+- the trainer drops a group with a masked sample and counts it (rl/batch.py), rather
   than computing an advantage without the failed sample; `mask_group_on_failure` also marks
   the whole group masked in the store.
 """

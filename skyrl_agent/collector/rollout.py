@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from skyrl_agent.agents.base import Agent, run_agent
-from skyrl_agent.agents.session import LLMSession
 from skyrl_agent.collector.policy import MASKED_FAILURES
 from skyrl_agent.config import RunConfig
 from skyrl_agent.envs.env import Env
@@ -30,6 +29,7 @@ from skyrl_agent.envs.episode import (
 )
 from skyrl_agent.envs.verifier import SEPARATE
 from skyrl_agent.errors import UserError
+from skyrl_agent.llm.session import LLMSession
 from skyrl_agent.tasks.model import TaskSpec
 from skyrl_agent.types import Trajectory
 

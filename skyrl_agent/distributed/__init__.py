@@ -1,6 +1,6 @@
 """A training run's parts as Ray actors (`train --ray auto|local|ADDRESS`).
 
-The same protocols as one process (trainers/workers.py), each part behind an actor:
+The same protocols as one process (rl/workers.py), each part behind an actor:
 
     CollectorActor x ray.collectors   sandbox fan-out: each runs groups with its own Collector
     RouterActor                       the one InferenceClient: sticky routing and load counts
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from skyrl_agent.errors import UserError
 
 if TYPE_CHECKING:
-    from skyrl_agent.trainers.workers import Placement
+    from skyrl_agent.rl.workers import Placement
 
 
 def ray_placement() -> Placement:

@@ -14,27 +14,27 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from skyrl_agent.agents.base import Agent
-from skyrl_agent.agents.session import SessionConfig
 from skyrl_agent.collector.collector import Collector
 from skyrl_agent.collector.model import model_server, session_factory
 from skyrl_agent.config import InferenceConfig, RunConfig
 from skyrl_agent.data.store import StoreContents, TrajectoryStore
 from skyrl_agent.inference.client import Completion, InferenceClient, Sampling
 from skyrl_agent.inference.process import ServerProcess
-from skyrl_agent.inference.vision import ImageInputs
+from skyrl_agent.llm.session import SessionConfig
+from skyrl_agent.model.vision import ImageInputs
 from skyrl_agent.tasks.model import TaskSpec
-from skyrl_agent.types import ChangedWeights, PlacedImage, Trajectory, TrajectoryGroup
+from skyrl_agent.types import PlacedImage, Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:  # only the trainer actor's process needs torch
-    from skyrl_agent.trainers.backend import (
+    from skyrl_agent.backends.backend import (
         AdamParams,
         Datum,
         ForwardBackwardOutput,
         OptimStepOutput,
         TrainingState,
-        WeightUpdate,
     )
-    from skyrl_agent.trainers.loss import LossConfig
+    from skyrl_agent.backends.loss import LossConfig
+    from skyrl_agent.model.weights.transport import WeightUpdate
 
 
 class ServerActor:
@@ -83,10 +83,8 @@ class RouterActor:
     async def resume(self) -> None:
         await self.client.resume()
 
-    async def update_weights(self, path: str, version: int,
-                             changed: ChangedWeights | None = None,
-                             adapter: str | None = None) -> list[float]:
-        return await self.client.update_weights(path, version, changed, adapter)
+    async def send(self, update: WeightUpdate) -> list[float]:
+        return await self.client.send(update)
 
     async def busy_seconds(self) -> float:
         return await self.client.busy_seconds()
@@ -160,7 +158,7 @@ class CollectorActor:
                  run_dir: Path, settings: SessionConfig) -> None:
         from transformers import AutoTokenizer
 
-        from skyrl_agent.inference.models import resolve_model
+        from skyrl_agent.model.names import resolve_model
 
         folder = resolve_model(config.inference.model)
         tokenizer = AutoTokenizer.from_pretrained(folder)
@@ -185,8 +183,8 @@ class TrainerActor:
     own (distributed/ranks.py)."""
 
     def __init__(self, config: RunConfig) -> None:
+        from skyrl_agent.backends.build import make_backend
         from skyrl_agent.distributed.ranks import RayRankGroup
-        from skyrl_agent.trainers.settings import make_backend
 
         self.backend = make_backend(config, ranks=partial(RayRankGroup,
                                                           cpus=config.ray.rank_cpus))

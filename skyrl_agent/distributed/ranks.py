@@ -12,7 +12,7 @@ connection, while calls to an actor pass Ray's own authentication. Once met, glo
 over the loopback when every rank is on one machine, else over the interface of the node's
 address; on GPUs NCCL, one GPU per rank actor.
 
-As with rank processes (trainers/ranks.py), calls and results cross as plain pickles, and a rank
+As with rank processes (backends/ranks.py), calls and results cross as plain pickles, and a rank
 that dies (its process or its whole node) closes the group: its peers would wait for it forever.
 """
 
@@ -33,8 +33,7 @@ import torch.distributed as dist
 from ray.exceptions import GetTimeoutError, RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from skyrl_agent.distributed.restarts import ANYWHERE_RESTARTS
-from skyrl_agent.trainers.ranks import (
+from skyrl_agent.backends.ranks import (
     RankError,
     Ranks,
     RanksLost,
@@ -45,6 +44,7 @@ from skyrl_agent.trainers.ranks import (
     start_rank,
     stop_rank,
 )
+from skyrl_agent.distributed.restarts import ANYWHERE_RESTARTS
 
 log = logging.getLogger(__name__)
 

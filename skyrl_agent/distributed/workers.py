@@ -22,6 +22,14 @@ from ray.exceptions import ActorUnschedulableError, RayActorError, RayError, Ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from skyrl_agent.agents.base import Agent
+from skyrl_agent.backends.backend import (
+    AdamParams,
+    Datum,
+    ForwardBackwardOutput,
+    OptimStepOutput,
+    TrainingState,
+)
+from skyrl_agent.backends.loss import LossConfig
 from skyrl_agent.collector.model import session_config, watched
 from skyrl_agent.config import RunConfig
 from skyrl_agent.data.run_dir import RunDir
@@ -35,18 +43,10 @@ from skyrl_agent.distributed.actors import (
 from skyrl_agent.distributed.restarts import ANYWHERE_RESTARTS
 from skyrl_agent.errors import RunStopped, UserError
 from skyrl_agent.inference.auth import endpoint_key, save_server_keys
+from skyrl_agent.model.weights.transport import WeightUpdate
+from skyrl_agent.rl.workers import Workers
 from skyrl_agent.tasks.model import TaskSpec
-from skyrl_agent.trainers.backend import (
-    AdamParams,
-    Datum,
-    ForwardBackwardOutput,
-    OptimStepOutput,
-    TrainingState,
-    WeightUpdate,
-)
-from skyrl_agent.trainers.loss import LossConfig
-from skyrl_agent.trainers.workers import Workers
-from skyrl_agent.types import ChangedWeights, TrajectoryGroup
+from skyrl_agent.types import TrajectoryGroup
 
 log = logging.getLogger(__name__)
 
@@ -195,11 +195,8 @@ class RemoteServers:
     async def resume(self) -> None:
         await self.router.resume.remote()
 
-    async def update_weights(self, path: str, version: int,
-                             changed: ChangedWeights | None = None,
-                             adapter: str | None = None) -> list[float]:
-        seconds: list[float] = await self.router.update_weights.remote(path, version, changed,
-                                                                       adapter)
+    async def send(self, update: WeightUpdate) -> list[float]:
+        seconds: list[float] = await self.router.send.remote(update)
         return seconds
 
     async def busy_seconds(self) -> float:

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from skyrl_agent.envs.terminal import TmuxTerminal
-from skyrl_agent.inference.vision import MAX_IMAGE_BYTES, decode_image
+from skyrl_agent.model.vision import MAX_IMAGE_BYTES, decode_image
 from skyrl_agent.sandboxes.base import ExecResult, Sandbox, SandboxError
 from skyrl_agent.tasks.model import IMAGE_LINK, TaskSpec
 

@@ -65,7 +65,7 @@ def present_axes(panel: Panel, series: dict[str, Series]) -> list[tuple[str, ...
 
 def training_series(run_dir: Path) -> dict[str, Series]:
     """The run's per-step metrics (empty when it has no metrics.jsonl: not a training run)."""
-    from skyrl_agent.trainers.metrics import read_metrics
+    from skyrl_agent.rl.metrics import read_metrics
 
     if not (Path(run_dir) / "metrics.jsonl").is_file():
         return {}  # not a training run: skip importing the trainer

@@ -39,7 +39,7 @@ def decoder(run_dir: Path) -> Decode | None:
     try:
         from transformers import AutoTokenizer
 
-        from skyrl_agent.inference.models import resolve_model
+        from skyrl_agent.model.names import resolve_model
         tokenizer = AutoTokenizer.from_pretrained(resolve_model(model or ""))
     except Exception as exc:  # noqa: BLE001 - text is a convenience, counts still work
         log.warning("no tokenizer for model %r (%s); showing token counts instead of text",

@@ -25,12 +25,12 @@ from harbor.models.agent.rollout_detail import RolloutDetail
 
 from skyrl_agent import __version__
 from skyrl_agent.agents.base import agent_class
-from skyrl_agent.agents.session import LLMSession
 from skyrl_agent.collector.model import session_config
 from skyrl_agent.collector.rollout import make_agent
 from skyrl_agent.config import RunConfig, load_config
 from skyrl_agent.envs.env import Env
 from skyrl_agent.inference.client import InferenceClient
+from skyrl_agent.llm.session import LLMSession
 from skyrl_agent.sandboxes.base import SandboxSpec
 from skyrl_agent.sandboxes.harbor import HarborSandbox
 from skyrl_agent.tasks.model import load_task
@@ -81,8 +81,8 @@ class SkyrlHarborAgent(BaseAgent):
                   context: AgentContext) -> None:
         from transformers import AutoTokenizer
 
-        from skyrl_agent.inference.models import resolve_model
-        from skyrl_agent.inference.vision import tokenizer_images
+        from skyrl_agent.model.names import resolve_model
+        from skyrl_agent.model.vision import tokenizer_images
 
         config = self._config()
         if not self.tokenizer_name:

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from skyrl_agent.agents.base import Agent, AgentResult
-from skyrl_agent.agents.session import LLMSession
 from skyrl_agent.capture import CaptureProxy
 from skyrl_agent.collector.collector import TrajectorySink, stored_samples
 from skyrl_agent.collector.policy import FailurePolicy
@@ -36,6 +35,7 @@ from skyrl_agent.harbor.relay_job import job_trajectories, wait_for_job
 from skyrl_agent.harbor.results import OWN_ERROR_POLICY
 from skyrl_agent.harbor.serve import harbor_serving
 from skyrl_agent.harbor.toolchains import toolchain
+from skyrl_agent.llm.session import LLMSession
 from skyrl_agent.tasks.model import TaskSpec
 from skyrl_agent.types import Trajectory, TrajectoryGroup
 

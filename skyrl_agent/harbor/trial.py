@@ -15,7 +15,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from skyrl_agent.agents.session import LLMSession
 from skyrl_agent.capture import CaptureProxy
 from skyrl_agent.harbor.results import (
     OWN_ERROR_POLICY,
@@ -23,6 +22,7 @@ from skyrl_agent.harbor.results import (
     harbor_reward,
     harbor_times,
 )
+from skyrl_agent.llm.session import LLMSession
 from skyrl_agent.tasks.model import TaskSpec
 from skyrl_agent.types import Trajectory
 

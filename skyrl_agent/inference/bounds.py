@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from skyrl_agent.inference.vision import MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS, MAX_IMAGES
+from skyrl_agent.model.vision import MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS, MAX_IMAGES
 
 __all__ = ["MAX_IMAGES", "MAX_IMAGE_BYTES", "MAX_IMAGE_PIXELS"]
 

@@ -30,6 +30,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, w
 from skyrl_agent.inference.process import unix_socket_of
 from skyrl_agent.inference.request_body import PromptIds, completion_body, ids_text
 from skyrl_agent.inference.vllm import routes as vllm_routes
+from skyrl_agent.model.weights.transport import WeightUpdate
 from skyrl_agent.types import ChangedWeights, PlacedImage, RoutedExperts
 
 REMEMBERED_PROMPTS = 4096
@@ -367,6 +368,12 @@ class InferenceClient:
         for server in self.servers:
             server.policy_version = version
         return [float(r.get("seconds", 0.0)) for r in replies]
+
+    async def send(self, update: WeightUpdate) -> list[float]:
+        """The file transport (`model.weights.transport`): every server loads `update`'s file,
+        or its adapter where that is what the server takes."""
+        return await self.update_weights(str(update.path), update.version, update.changed,
+                                         None if update.adapter is None else str(update.adapter))
 
     async def _update_one(self, server: _Server, body: dict[str, Any],
                           adapter: str | None = None) -> Any:

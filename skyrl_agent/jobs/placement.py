@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from skyrl_agent.agents.base import Agent
+from skyrl_agent.backends.build import make_backend
 from skyrl_agent.collector.collector import Collector, TrajectorySink
 from skyrl_agent.collector.model import model_sessions, supervised
 from skyrl_agent.collector.rollout import SessionFactory
 from skyrl_agent.config import RunConfig
 from skyrl_agent.data.store import TrajectoryStore
-from skyrl_agent.trainers.settings import make_backend
-from skyrl_agent.trainers.workers import Workers
+from skyrl_agent.rl.workers import Workers
 
 if TYPE_CHECKING:
     from skyrl_agent.harbor.relay_collector import RelayedCollector

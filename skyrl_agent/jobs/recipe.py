@@ -25,11 +25,11 @@ from skyrl_agent.data.store import TrajectoryStore
 from skyrl_agent.jobs.demos import DemoJob
 from skyrl_agent.jobs.rollout import Rollout
 from skyrl_agent.jobs.train import TrainJob, export_latest
+from skyrl_agent.rl.checkpoints import Checkpoints
+from skyrl_agent.rl.metrics import read_metrics
+from skyrl_agent.rl.sft import SftPlan, plan_sft, run_sft
 from skyrl_agent.stopping import run_until_stopped
 from skyrl_agent.tasks.generated import parse_ref
-from skyrl_agent.trainers.checkpoints import Checkpoints
-from skyrl_agent.trainers.metrics import read_metrics
-from skyrl_agent.trainers.sft import SftPlan, plan_sft, run_sft
 
 MODELS = ("base", "sft", "rl")
 """The models a recipe evaluates, in order."""

@@ -15,21 +15,22 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from skyrl_agent.backends.build import describe_backend, make_backend
 from skyrl_agent.config import RunConfig
 from skyrl_agent.data.run_dir import RunDir, RunRecord
 from skyrl_agent.errors import UserError
+from skyrl_agent.jobs.checks import check_trainable
 from skyrl_agent.jobs.placement import local_workers
 from skyrl_agent.jobs.prepare import REFERENCE, TRAIN, prepare_run, record_of, train_record
+from skyrl_agent.rl.checkpoints import Checkpoints, LoopState
+from skyrl_agent.rl.estimate import estimate_step, remember
+from skyrl_agent.rl.loop import AsyncLoop
+from skyrl_agent.rl.metrics import MetricsLog
+from skyrl_agent.rl.reference_loop import reference_loop
+from skyrl_agent.rl.step import StepResult, publish
+from skyrl_agent.rl.stream import TaskStream
+from skyrl_agent.rl.workers import Placement, Workers
 from skyrl_agent.tasks.model import TaskSpec, impossible_twin
-from skyrl_agent.trainers.checkpoints import Checkpoints, LoopState
-from skyrl_agent.trainers.estimate import estimate_step, remember
-from skyrl_agent.trainers.loop import AsyncLoop
-from skyrl_agent.trainers.metrics import MetricsLog
-from skyrl_agent.trainers.reference_loop import reference_loop
-from skyrl_agent.trainers.settings import check_trainable, describe_backend, make_backend
-from skyrl_agent.trainers.step import StepResult, publish
-from skyrl_agent.trainers.stream import TaskStream
-from skyrl_agent.trainers.workers import Placement, Workers
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ class TrainJob:
 
     def __init__(self, config: RunConfig, output: Path, resume: bool = False,
                  placement: Placement | None = None) -> None:
-        from skyrl_agent.inference.models import resolve_model
+        from skyrl_agent.model.names import resolve_model
 
         check_trainable(config)
         if config.trainer.wandb_project and importlib.util.find_spec("wandb") is None:

@@ -16,13 +16,13 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from skyrl_agent.backends.backend import AdamParams
 from skyrl_agent.inference.auth import key_matches, presented_key, unauthorized
 from skyrl_agent.tinker.config import CHUNK_BYTES, max_body_bytes
 from skyrl_agent.tinker.errors import TinkerNotFound, TinkerUserError
 from skyrl_agent.tinker.proto import decode_forward_backward
 from skyrl_agent.tinker.rest import TENANT, RestRoutes
 from skyrl_agent.tinker.service import TinkerService
-from skyrl_agent.trainers.backend import AdamParams
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from skyrl_agent.errors import ConfigError
-from skyrl_agent.inference.models import resolve_model
+from skyrl_agent.model.names import resolve_model
 from skyrl_agent.tinker.errors import TinkerUserError
 
 

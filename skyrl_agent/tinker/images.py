@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from skyrl_agent.inference.vision import ImageError, ImageInputs, Rendered, image_inputs
+from skyrl_agent.backends.backend import Datum
+from skyrl_agent.model.vision import ImageError, ImageInputs, Rendered, image_inputs
 from skyrl_agent.tinker.errors import TinkerUserError
-from skyrl_agent.trainers.backend import Datum
 
 IMAGE_SLOT = -1
 """The id an image chunk's positions hold until the model's image token is known."""

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from skyrl_agent.backends.loss import LOSS_FNS, LossConfig, parse_loss_config
 from skyrl_agent.tinker.errors import TinkerUserError
-from skyrl_agent.trainers.loss import LOSS_FNS, LossConfig, parse_loss_config
 
 CLIPPED = ("ppo", "cispo", "gspo")
 """Losses whose clip bounds Tinker's thresholds set."""

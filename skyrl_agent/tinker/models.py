@@ -11,11 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from skyrl_agent.backends.backend import TrainerBackend
 from skyrl_agent.tinker.config import BaseInfo, ServiceOptions
 from skyrl_agent.tinker.errors import TinkerUserError
 from skyrl_agent.tinker.ordering import SeqOrder
 from skyrl_agent.tinker.store import ModelSpec
-from skyrl_agent.trainers.backend import TrainerBackend
 
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")
@@ -61,9 +61,9 @@ def make_backend(base: BaseInfo, spec: ModelSpec, seed: int | None,
     """The server's backend for `spec` (heavy imports here, on the worker thread). LoRA models
     on the torch backend share their base model's weights, loaded once into `frozen` (base
     name -> model): memory is one base plus an adapter per training model."""
+    from skyrl_agent.backends.build import build_backend
     from skyrl_agent.config import TrainerConfig
-    from skyrl_agent.trainers.settings import build_backend
-    from skyrl_agent.trainers.torch_model import LoraSettings
+    from skyrl_agent.model.loading import LoraSettings
 
     lora = None if spec.lora_rank is None else LoraSettings(
         rank=spec.lora_rank, alpha=spec.lora_alpha, target_modules=spec.target_modules)
@@ -74,7 +74,7 @@ def make_backend(base: BaseInfo, spec: ModelSpec, seed: int | None,
     if lora is None or options.backend != "torch":
         return build_backend(base.folder, trainer, lora, seed or 0)
     if base.name not in frozen:
-        from skyrl_agent.trainers.torch_model import load_causal_lm, pick_device, pick_dtype
+        from skyrl_agent.model.loading import load_causal_lm, pick_device, pick_dtype
 
         device = pick_device(None)
         frozen[base.name] = load_causal_lm(base.folder, pick_dtype(trainer.dtype, device),

@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 
+from skyrl_agent.backends.backend import DATUM_ARRAYS, Datum
+from skyrl_agent.backends.loss import LOSS_FNS
 from skyrl_agent.errors import ConfigError
 from skyrl_agent.tinker.errors import TinkerUserError
 from skyrl_agent.tinker.images import IMAGE_SLOT
-from skyrl_agent.trainers.backend import DATUM_ARRAYS, Datum
-from skyrl_agent.trainers.loss import LOSS_FNS
 from skyrl_agent.types import PlacedImage
 
 

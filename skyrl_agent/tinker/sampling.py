@@ -28,12 +28,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from skyrl_agent.backends.backend import Datum
 from skyrl_agent.inference.client import InferenceClient, InferenceError, Sampling
 from skyrl_agent.inference.process import ServerProcess, embedded_server
 from skyrl_agent.tinker.config import BaseInfo
 from skyrl_agent.tinker.errors import TinkerUserError
 from skyrl_agent.tinker.proto import SampledSequence
-from skyrl_agent.trainers.backend import Datum
 from skyrl_agent.types import PlacedImage
 
 log = logging.getLogger(__name__)
@@ -217,7 +217,7 @@ class Sampler:
                     images: tuple[PlacedImage, ...] = ()) -> PromptScores:
         from safetensors.torch import load_file
 
-        from skyrl_agent.trainers.torch_backend import TorchBackend
+        from skyrl_agent.backends.torch_backend import TorchBackend
 
         if self._scorer is None:
             self._scorer = TorchBackend(self.base.folder)

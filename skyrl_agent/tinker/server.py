@@ -18,7 +18,7 @@ async def serve(options: ServiceOptions, keys: Mapping[str, str], host: str = "1
                 port: int = 8000) -> None:
     """Serve until stopped; `keys`: each tenant's API key."""
     from skyrl_agent.inference.server.main import serve_until_stopped
-    from skyrl_agent.inference.weight_files import remove_orphans
+    from skyrl_agent.model.weights.files import remove_orphans
     from skyrl_agent.tinker.app import TinkerApp
     from skyrl_agent.tinker.proto import public_pb
 

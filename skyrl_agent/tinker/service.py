@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from skyrl_agent.backends.backend import AdamParams
 from skyrl_agent.inference.bounds import (
     MAX_METADATA_CHARS,
     MAX_METADATA_ENTRIES,
@@ -25,7 +26,7 @@ from skyrl_agent.inference.bounds import (
     check_stop_ids,
 )
 from skyrl_agent.inference.client import Sampling
-from skyrl_agent.inference.vision import Rendered
+from skyrl_agent.model.vision import Rendered
 from skyrl_agent.tinker import training
 from skyrl_agent.tinker.catalog import Catalog
 from skyrl_agent.tinker.config import BaseModels, ServiceOptions
@@ -38,7 +39,6 @@ from skyrl_agent.tinker.proto import ForwardBackwardCall, encode_sample
 from skyrl_agent.tinker.quotas import admit, trained_bytes
 from skyrl_agent.tinker.sampling import Sampler
 from skyrl_agent.tinker.store import ModelSpec, SamplerRef, Store
-from skyrl_agent.trainers.backend import AdamParams
 
 log = logging.getLogger(__name__)
 

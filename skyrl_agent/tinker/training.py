@@ -10,6 +10,8 @@ import shutil
 from collections.abc import Mapping, Sequence
 
 from skyrl_agent.atomic import atomic_folder
+from skyrl_agent.backends.backend import AdamParams, Datum
+from skyrl_agent.backends.passes import forward_loss
 from skyrl_agent.tinker.catalog import Catalog
 from skyrl_agent.tinker.errors import TinkerUserError
 from skyrl_agent.tinker.futures import Result
@@ -24,8 +26,6 @@ from skyrl_agent.tinker.store import (
     Store,
     write_spec,
 )
-from skyrl_agent.trainers.backend import AdamParams, Datum
-from skyrl_agent.trainers.passes import forward_loss
 
 MAX_REDUCTIONS = ("agreement/max_abs_diff", "off_policy/max_abs_diff")
 SUM_METRICS = ("loss", "tokens")

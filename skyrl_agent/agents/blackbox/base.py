@@ -24,7 +24,7 @@ from skyrl_agent.sandboxes.base import ExecResult
 from skyrl_agent.types import FinishReason
 
 if TYPE_CHECKING:
-    from skyrl_agent.agents.session import LLMSession
+    from skyrl_agent.llm.session import LLMSession
 
 EXTRA = "agents"
 """The pip extra that installs the black-box agents' packages."""

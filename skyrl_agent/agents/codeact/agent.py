@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING
 from skyrl_agent.agents.base import ModelAgent, clip, task_content
 from skyrl_agent.agents.codeact import prompts
 from skyrl_agent.agents.codeact.editor import FileEditor
-from skyrl_agent.agents.codeact.parsing import NoToolCall, ToolCall, parse_tool_calls
 from skyrl_agent.agents.codeact.tools import TOOLS, VISION_TOOLS
-from skyrl_agent.agents.rendering import Message, image_part
-from skyrl_agent.agents.session import LLMSession
 from skyrl_agent.envs.env import Env
-from skyrl_agent.inference.vision import ImageError
+from skyrl_agent.llm.rendering import Message, image_part
+from skyrl_agent.llm.session import LLMSession
+from skyrl_agent.llm.tool_calls import NoToolCall, ToolCall, parse_tool_calls
+from skyrl_agent.model.vision import ImageError
 from skyrl_agent.sandboxes.artifacts import ArtifactLimitExceeded
 from skyrl_agent.types import FinishReason
 

@@ -7,11 +7,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from skyrl_agent.agents.base import ModelAgent, clip, task_content
-from skyrl_agent.agents.rendering import Message
-from skyrl_agent.agents.session import LLMSession
 from skyrl_agent.agents.terminus import prompts
 from skyrl_agent.agents.terminus.parsing import MalformedReply, TerminusReply, parse_reply
 from skyrl_agent.envs.env import Env
+from skyrl_agent.llm.rendering import Message
+from skyrl_agent.llm.session import LLMSession
 from skyrl_agent.types import FinishReason
 
 if TYPE_CHECKING:

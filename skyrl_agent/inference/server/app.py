@@ -30,14 +30,14 @@ from skyrl_agent.inference.server.protocol import (
     UpdateWeightsRequest,
 )
 from skyrl_agent.inference.server.render import BadRequest
-from skyrl_agent.inference.server.weight_folders import WeightUpdateError
-from skyrl_agent.inference.vision import (
+from skyrl_agent.model.vision import (
     ImageError,
     Rendered,
     check_image_count,
     image_bytes,
     split_image_parts,
 )
+from skyrl_agent.model.weights.folders import WeightUpdateError
 from skyrl_agent.types import ChangedWeights
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

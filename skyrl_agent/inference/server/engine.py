@@ -30,15 +30,15 @@ import numpy as np
 import torch
 from transformers.cache_utils import DynamicCache
 
-from skyrl_agent.inference.routers import RoutingTap
 from skyrl_agent.inference.server.kv import KVBatch, held_after_prefill
 from skyrl_agent.inference.server.kv_budget import KVBudget
 from skyrl_agent.inference.server.outputs import EngineStats, SequenceOutput, WeightUpdateTimes
 from skyrl_agent.inference.server.prefix_cache import PrefixCache, image_cache_key, whole_images
 from skyrl_agent.inference.server.sampling import Choice, SamplingParams, choose, make_generator
 from skyrl_agent.inference.server.weight_swap import DoubleBufferedWeights
-from skyrl_agent.inference.server.weights import WeightLoader
-from skyrl_agent.inference.vision import ImageInputs, text_config, unsampled_image_token
+from skyrl_agent.model.routers import RoutingTap
+from skyrl_agent.model.vision import ImageInputs, text_config, unsampled_image_token
+from skyrl_agent.model.weights.reader import WeightLoader
 from skyrl_agent.types import ChangedWeights, PlacedImage
 
 log = logging.getLogger(__name__)

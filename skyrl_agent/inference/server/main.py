@@ -56,11 +56,11 @@ def load_engine(options: ServeOptions):
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from skyrl_agent.inference.models import resolve_model
     from skyrl_agent.inference.server.engine import Engine
-    from skyrl_agent.inference.server.weight_folders import WeightsFolders
-    from skyrl_agent.inference.server.weights import WeightLoader
-    from skyrl_agent.inference.vision import ImageInputs, load_pretrained, text_config
+    from skyrl_agent.model.names import resolve_model
+    from skyrl_agent.model.vision import ImageInputs, load_pretrained, text_config
+    from skyrl_agent.model.weights.folders import WeightsFolders
+    from skyrl_agent.model.weights.reader import WeightLoader
 
     hf_logging.disable_progress_bar()  # a server log is not a terminal
     folder = resolve_model(options.model)

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from skyrl_agent.inference.server.weights import WeightLoader
+from skyrl_agent.model.weights.reader import WeightLoader
 
 Rows = Mapping[str, tuple[int, ...] | None]
 """Tensor name -> the rows written (None: all of it)."""

@@ -41,7 +41,7 @@ from typing import Literal
 from skyrl_agent.errors import UserError
 from skyrl_agent.inference.auth import new_key
 from skyrl_agent.inference.process import ServerProcess
-from skyrl_agent.inference.weight_files import shared_memory_dir
+from skyrl_agent.model.weights.files import shared_memory_dir
 
 PYTHON_ENV = "SKYRL_AGENT_VLLM_PYTHON"
 """The interpreter that has vLLM, when it is not the project's own nor `.venv-vllm`'s."""

@@ -44,7 +44,7 @@ SHARED_ENV = "SKYRL_AGENT_VLLM_SHARED_WEIGHTS"
 FOLDERS_ENV = "SKYRL_AGENT_VLLM_WEIGHT_FOLDERS"
 """os.pathsep-separated folders any .safetensors file below which may be loaded."""
 TRAINER_FILE = re.compile(r"skyrl-agent-weights-\d+-\d+\.safetensors")
-"""A trainer's file name (as skyrl_agent.inference.weight_files names them)."""
+"""A trainer's file name (as skyrl_agent.model.weights.files names them)."""
 
 
 @dataclass

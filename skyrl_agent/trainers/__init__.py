@@ -1,1 +1,0 @@
-"""Trainers: stored trajectories into better weights."""
