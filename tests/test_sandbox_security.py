@@ -165,6 +165,7 @@ def _sandbox_reading(replies: bytes):
 
     class FakeProcess:
         returncode = None
+        pid = 0  # no process of ours: nothing to signal
         stdout = asyncio.StreamReader()
 
         def kill(self):

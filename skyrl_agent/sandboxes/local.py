@@ -65,6 +65,7 @@ from skyrl_agent.sandboxes.local_files import (
     read_host_file,
     require_traversable,
 )
+from skyrl_agent.sandboxes.local_kill import kill_sandbox
 from skyrl_agent.sandboxes.local_net import (
     RESOLV_CONF,
     SandboxNetwork,
@@ -303,7 +304,7 @@ class LocalSandbox(Sandbox):
         word, _, pid = line.decode(errors="replace").partition(" ")
         if word != "ready" or not pid.strip().isdigit():
             if self._proc.returncode is None:
-                self._proc.kill()
+                kill_sandbox(self._proc)  # its child too, or stderr would never end
             stderr = (await self._proc.stderr.read()).decode(errors="replace").strip()
             raise SandboxError(f"local sandbox for {self.spec.name} did not start: "
                                f"{stderr.splitlines()[-1] if stderr else 'no output'}")
@@ -363,7 +364,7 @@ class LocalSandbox(Sandbox):
         if self._dead_reason is None:
             self._dead_reason = reason
         if self._proc is not None and self._proc.returncode is None:
-            self._proc.kill()
+            kill_sandbox(self._proc)  # bubblewrap alone may leave its child: local_kill.py
         if self._cgroup is not None:
             self._cgroup.end_processes(wait=False)
 
