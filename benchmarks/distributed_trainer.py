@@ -48,7 +48,7 @@ def batch(folder: Path) -> list[Datum]:
         tokens = ids[row * 16: row * 16 + 129]
         n = len(tokens) - 1
         data.append(Datum(tuple(tokens[:-1]), {
-            "target_tokens": tuple(float(t) for t in tokens[1:]), "weights": (1.0,) * n,
+            "target_tokens": tuple(tokens[1:]), "weights": (1.0,) * n,
             "advantages": tuple(1.0 if (row + i) % 3 else -0.5 for i in range(n))}))
     return data
 

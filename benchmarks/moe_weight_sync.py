@@ -41,7 +41,7 @@ def batch(step: int) -> list[Datum]:
     for _ in range(2):
         sequence = [rng.randrange(8, 100) for _ in range(17)]
         data.append(Datum(tuple(sequence[:-1]), {
-            "target_tokens": tuple(float(t) for t in sequence[1:]), "weights": (1.0,) * 16,
+            "target_tokens": tuple(sequence[1:]), "weights": (1.0,) * 16,
             "advantages": (rng.choice((-1.0, 1.0)),) * 16, "logprobs": (-4.6,) * 16}))
     return data
 

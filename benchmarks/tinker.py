@@ -64,7 +64,7 @@ def _backend_worker(folder: Path, sequences: list[list[int]], commands: Any) -> 
     client threads slows a CPU-bound torch loop down (measured 2-3x on the tiny model), which
     would credit the protocol with a speed-up it does not have."""
     backend = TorchBackend(folder, lora=LoraSettings(rank=RANK), seed=0)
-    data = [Datum(tuple(s[:-1]), {"target_tokens": tuple(map(float, s[1:])),
+    data = [Datum(tuple(s[:-1]), {"target_tokens": tuple(s[1:]),
                                   "weights": (1.0,) * (len(s) - 1)}) for s in sequences]
     while (command := commands.recv()) != "quit":
         started = time.perf_counter()

@@ -146,3 +146,90 @@ def test_agreement_counts_tokens_their_version_alone_sampled():
     assert sampled_by(packed, 2).tolist() == [[False, False, False], [False, True, True],
                                               [True, True, False]]
     assert sampled_by(packed, 1)[0].tolist() == [True, False, False]
+
+
+# Turn 2's prompt is turn 1's prompt + completion with nothing added (the agent sent no
+# observation), so its sampled tokens follow turn 1's with no weight-0 gap between them.
+ABUTTING = Segment((turn([1, 2], [3, 4], [-0.1, -0.2], 1, versions=(1, 2)),
+                    turn([1, 2, 3, 4], [5, 6], [-0.3, -0.4], 2)))
+
+
+def test_abutting_turns_carry_where_each_starts():
+    """Stops: a turn boundary guessed from gaps in the weights (the pre-02e5969 sampled_by). With
+    no gap between abutting turns that guess saw one turn; packing now writes the starts."""
+    from skyrl_agent.backends.passes import sampled_by
+
+    [datum] = trajectory_data(trajectory([ABUTTING]), 1.0)
+    assert datum.loss_fn_inputs["weights"] == (0, 1, 1, 1, 1)
+    gap_guess = [i for i, w in enumerate(datum.array("weights")) if w and not
+                 (i and datum.array("weights")[i - 1])]
+    assert gap_guess == [1]  # one run of sampled tokens: the gap guess finds one turn
+    assert datum.turn_starts == (0, 3)
+    assert datum.loss_fn_inputs["target_tokens"][3] == ABUTTING.turns[1].completion_ids[0]
+    # Turn 1 crossed an update on a server that kept its KV cache; turn 2 started afresh under
+    # version 2, so its tokens are version 2's own sample (the gap guess counted them stale).
+    assert datum.loss_fn_inputs["policy_versions"] == (0, 1, -1, 2, 2)
+    assert sampled_by([datum], 2).tolist() == [[False, False, False, True, True]]
+
+
+def test_a_summary_boundary_starts_a_sequence_with_its_own_turn_starts():
+    first, second = trajectory_data(trajectory([SEGMENT_1, SEGMENT_2]), 1.0)
+    # Segment 1: turn 2 adds observation [5] after [1 2 3 4], turn 3 adds [70] after [... 6].
+    assert first.turn_starts == (0, 3, 5)
+    assert [first.loss_fn_inputs["target_tokens"][s] for s in first.turn_starts[1:]] == [5, 70]
+    assert second.turn_starts == (0,)  # the summarized history is a sequence of its own
+
+
+def test_a_datum_keeps_integers_integer_and_its_turn_starts_across_processes():
+    """Stops: token ids or versions passed as floats (a float32 holds ids exactly only up to
+    2**24) and turn starts lost on the way to a rank process (data travel by pickle)."""
+    import pickle
+
+    [datum] = trajectory_data(trajectory([ABUTTING]), 1.0)
+    assert all(type(v) is int for name in ("target_tokens", "policy_versions")
+               for v in datum.loss_fn_inputs[name])
+    back = pickle.loads(pickle.dumps(datum))
+    assert back == datum and back.turn_starts == (0, 3)
+    with pytest.raises(ValueError, match=r"target_tokens must hold integers, got 2\.0"):
+        Datum((1,), {"target_tokens": (2.0,)})
+    with pytest.raises(ValueError, match="policy_versions must hold integers"):
+        Datum((1,), {"target_tokens": (2,), "policy_versions": (0.5,)})
+    with pytest.raises(ValueError, match="turn_starts"):
+        Datum((1, 2), {"target_tokens": (2, 3)}, turn_starts=(0, 3))
+    with pytest.raises(ValueError, match="turn_starts"):
+        Datum((1, 2), {"target_tokens": (2, 3)}, turn_starts=(1,))
+
+
+BIG_ID = 2**24 + 1
+"""The first integer a float32 cannot hold: float32(16_777_217) == 16_777_216."""
+
+
+def test_a_token_id_above_2_to_the_24_survives_packing_and_the_forward(tmp_path):
+    """Stops: ids stacked through float32 (the backends' `stack(...).long()`), which scored the
+    neighbouring id 2**24 instead of 2**24 + 1."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from skyrl_agent.backends.passes import stack
+    from skyrl_agent.backends.torch_backend import TorchBackend
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=BIG_ID + 1, hidden_size=2, intermediate_size=4,
+                         num_hidden_layers=1, num_attention_heads=1, num_key_value_heads=1,
+                         max_position_embeddings=8, tie_word_embeddings=True)
+    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    with torch.no_grad():  # make the two ids' logits far apart
+        model.model.embed_tokens.weight[BIG_ID] *= 1000
+    model.save_pretrained(tmp_path)
+    segment = Segment((turn([5, 7], [BIG_ID], [-1.0], 0),))
+    [datum] = trajectory_data(trajectory([segment]), 1.0)
+    assert datum.loss_fn_inputs["target_tokens"] == (7, BIG_ID)
+    assert stack([datum], "target_tokens").tolist() == [[7, BIG_ID]]
+    backend = TorchBackend(tmp_path, dtype="float32")
+    with torch.no_grad():
+        logits = backend.model(input_ids=torch.tensor([[5, 7]], device=backend.device)
+                               ).logits[0, 1].double().cpu()
+    own, neighbour = logits.log_softmax(-1)[[BIG_ID, BIG_ID - 1]].tolist()
+    assert abs(own - neighbour) > 1.0
+    [logprobs] = backend.forward([datum])
+    assert logprobs[1] == pytest.approx(own, abs=1e-3)

@@ -231,7 +231,7 @@ def test_lora_adapts_attention_and_every_expert_and_serves_merged(moe_dir):
     assert any(n.endswith("self_attn.q_proj") for n in adapted), adapted
     sequence = list(range(10, 40))
     datum = Datum(tuple(sequence[:-1]), {
-        "target_tokens": tuple(float(t) for t in sequence[1:]), "weights": (1.0,) * 29,
+        "target_tokens": tuple(sequence[1:]), "weights": (1.0,) * 29,
         "advantages": (1.0,) * 29, "logprobs": (-4.6,) * 29})
     for _ in range(2):  # B starts at 0, so A moves from the second step on
         backend.forward_backward([datum], "importance_sampling")
@@ -265,7 +265,7 @@ def test_an_update_after_the_first_carries_only_the_experts_that_moved(moe_dir):
 
     sequence = [20, 21, 22, 23]  # three input tokens: at most 6 of 8 experts per layer
     datum = Datum(tuple(sequence[:-1]), {
-        "target_tokens": tuple(float(t) for t in sequence[1:]), "weights": (1.0,) * 3,
+        "target_tokens": tuple(sequence[1:]), "weights": (1.0,) * 3,
         "advantages": (1.0,) * 3, "logprobs": (-4.6,) * 3})
     backend = TorchBackend(moe_dir, dtype="float32")
 
@@ -277,7 +277,7 @@ def test_an_update_after_the_first_carries_only_the_experts_that_moved(moe_dir):
         out = await client.complete(prompt, Sampling(max_tokens=24, seed=5))
         sequence = prompt + list(out.token_ids)
         return Datum(tuple(sequence[:-1]), {
-            "target_tokens": tuple(float(t) for t in sequence[1:])}), out.logprobs
+            "target_tokens": tuple(sequence[1:])}), out.logprobs
 
     async def steps(url: str, key: str | None) -> list:
         updates = []
@@ -335,7 +335,7 @@ def test_a_lora_update_names_only_the_experts_whose_adapters_moved(moe_dir):
 
     sequence = [20, 21, 22, 23]  # three input tokens: at most 6 of 8 experts per layer
     datum = Datum(tuple(sequence[:-1]), {
-        "target_tokens": tuple(float(t) for t in sequence[1:]), "weights": (1.0,) * 3,
+        "target_tokens": tuple(sequence[1:]), "weights": (1.0,) * 3,
         "advantages": (1.0,) * 3, "logprobs": (-4.6,) * 3})
     backend = TorchBackend(moe_dir, dtype="float32", lora=LoraSettings(rank=4, alpha=8))
     try:

@@ -36,7 +36,7 @@ def _replay_batch(moe_dir, tmp_path) -> list:
         routed = _own_routing(other, sequence[:-1])
         routed[-1] = -1
         data.append(Datum(tuple(sequence[:-1]), {
-            "target_tokens": tuple(float(t) for t in sequence[1:]), "weights": (1.0,) * (n - 1),
+            "target_tokens": tuple(sequence[1:]), "weights": (1.0,) * (n - 1),
             "advantages": (float(rng.choice((-1.0, 1.0))),) * (n - 1),
             "logprobs": (-4.6,) * (n - 1)}, routed_experts=routed))
     return data

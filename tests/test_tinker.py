@@ -296,6 +296,11 @@ def test_errors_reach_the_sdk_as_one_clear_message(service):
     with pytest.raises(tinker.BadRequestError, match="target_tokens has 2 entries for 3"):
         client.forward_backward([bad], "cross_entropy").result()
     client = service.create_lora_training_client(base_model="tiny", rank=4).result()
+    floats = types.Datum(model_input=types.ModelInput.from_ints([1, 2]),
+                         loss_fn_inputs={"target_tokens": np.array([2, 3], dtype=np.float32)})
+    with pytest.raises(tinker.BadRequestError, match="target_tokens: must be an integer tensor"):
+        client.forward_backward([floats], "cross_entropy").result()
+    client = service.create_lora_training_client(base_model="tiny", rank=4).result()
     with pytest.raises(tinker.BadRequestError, match="needs advantages"):
         client.forward_backward([datum([1, 2, 3])], "ppo").result()
     client = service.create_lora_training_client(base_model="tiny", rank=4).result()

@@ -67,7 +67,7 @@ def _boxed_model(tiny_model_dir: Path, target: Path) -> Path:
             prompt_ids = tokenizer.encode(prompt)
             ids = prompt_ids + tokenizer.encode(f"\\boxed{{{answer}}}<|im_end|>")
             weights = [0.0] * (len(prompt_ids) - 1) + [1.0] * (len(ids) - len(prompt_ids))
-            data.append(Datum(tuple(ids[:-1]), {"target_tokens": tuple(map(float, ids[1:])),
+            data.append(Datum(tuple(ids[:-1]), {"target_tokens": tuple(ids[1:]),
                                                 "weights": tuple(weights)}))
     backend = TorchBackend(tiny_model_dir, seed=0)
     for _ in range(32):

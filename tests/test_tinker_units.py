@@ -7,6 +7,7 @@ import asyncio
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -203,3 +204,30 @@ def test_lora_models_over_one_base_hold_its_weights_once(tmp_path):
     for name, param in second.model.named_parameters():
         if "lora_" not in name:
             assert torch.equal(param, base_before[name]), name
+
+
+def _forward_request(target: np.ndarray) -> bytes:
+    from skyrl_agent.tinker.proto import public_pb
+
+    pb = public_pb()
+    dtype = {np.dtype(np.int64): pb.DTYPE_INT64, np.dtype(np.float32): pb.DTYPE_FLOAT32}
+    datum = pb.Datum(model_input=[pb.Chunk(encoded_text=pb.EncodedTextChunk(
+        tokens=np.arange(1, len(target) + 1, dtype=np.int32).tobytes()))])
+    datum.loss_fn_inputs["target_tokens"].CopyFrom(pb.Tensor(
+        dense=target.tobytes(), dtype=dtype[target.dtype], shape=[len(target)]))
+    request = pb.ForwardBackwardRequest(model_id="m", loss_fn="cross_entropy", data=[datum])
+    return bytes(request.SerializeToString())
+
+
+def test_tinker_target_tokens_arrive_as_exact_integers_and_floats_are_refused():
+    """Stops: token ids taken from the wire as floats (above 2**24 a float32 changes them),
+    and a client's float target_tokens silently rounded instead of refused in one line."""
+    from skyrl_agent.tinker.proto import decode_forward_backward
+
+    big = 2**24 + 1
+    [datum] = decode_forward_backward(_forward_request(np.array([7, big], np.int64))).data
+    assert datum.loss_fn_inputs["target_tokens"] == (7, big)
+    assert all(type(t) is int for t in datum.loss_fn_inputs["target_tokens"])
+    with pytest.raises(TinkerUserError, match=r"^datum 0: target_tokens: must be an integer "
+                                              r"tensor \(int64 or int32\), not float32$"):
+        decode_forward_backward(_forward_request(np.array([7.0, 8.0], np.float32)))

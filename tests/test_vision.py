@@ -69,7 +69,7 @@ def _sample(url: str, chunks: list[dict], seed: int = 1) -> dict:
 def _datum(choice: dict, images: tuple[PlacedImage, ...]) -> tuple[Datum, list[float]]:
     sequence = choice["prompt_token_ids"] + choice["token_ids"]
     datum = Datum(tuple(sequence[:-1]), {
-        "target_tokens": tuple(float(t) for t in sequence[1:]),
+        "target_tokens": tuple(sequence[1:]),
         "weights": (0.0,) * (len(choice["prompt_token_ids"]) - 1)
         + (1.0,) * len(choice["token_ids"]),
         "advantages": (1.0,) * (len(sequence) - 1)}, images=images)
@@ -295,7 +295,7 @@ def test_fsdp_ranks_train_a_vision_model_as_one_process_does(vlm_dir):
         placed = inputs.expand([_ids("<|user|>a "), png(colour), _ids("<|end|><|assistant|>red")])
         ids, n = placed.ids, len(placed.ids) - 1
         data.append(Datum(tuple(ids[:-1]), {
-            "target_tokens": tuple(float(t) for t in ids[1:]),
+            "target_tokens": tuple(ids[1:]),
             "weights": (0.0,) * (n - 3) + (1.0,) * 3, "advantages": (1.0,) * n,
             "logprobs": (-4.0,) * n}, images=placed.images))
     one = TorchBackend(vlm_dir, dtype="float32", seed=0)
@@ -359,12 +359,12 @@ async def test_codeact_looks_at_an_image_the_sandbox_holds(vlm_dir, tmp_path, wo
 
     from skyrl_agent.agents.codeact import CodeActAgent
     from skyrl_agent.agents.teacher import Teacher
-    from skyrl_agent.collector.rollout import run_rollout
+    from skyrl_agent.collector.one_sample import run_rollout
     from skyrl_agent.config import RunConfig, SandboxConfig
     from skyrl_agent.llm.session import LLMSession, SessionConfig
     from skyrl_agent.tasks.families import family
     from skyrl_agent.tasks.generated import write_task
-    from skyrl_agent.tasks.model import load_task
+    from skyrl_agent.tasks.spec import load_task
 
     generated = family("read-picture").generate(0, 3)
     write_task(generated, tmp_path / "task")
@@ -401,7 +401,7 @@ def test_an_instruction_image_must_be_a_picture_file_of_the_task(tmp_path, link,
     of it, a symlink (which could point anywhere on the host), or another kind of file is a
     task error naming the link."""
     from skyrl_agent.errors import TaskError
-    from skyrl_agent.tasks.model import linked_images
+    from skyrl_agent.tasks.spec import linked_images
 
     task = tmp_path / "task"
     task.mkdir()

@@ -41,7 +41,7 @@ def _set(backend: TorchBackend, values: dict[str, torch.Tensor]) -> None:
 
 def _scored(backend: TorchBackend, prompt: list[int], tokens) -> list[float]:
     sequence = prompt + list(tokens)
-    datum = Datum(tuple(sequence[:-1]), {"target_tokens": tuple(map(float, sequence[1:]))})
+    datum = Datum(tuple(sequence[:-1]), {"target_tokens": tuple(sequence[1:])})
     (logprobs,) = backend.forward([datum])
     return list(logprobs[len(prompt) - 1:])
 

@@ -6,16 +6,20 @@ calls; torch (CPU or one GPU) implements them here, Megatron on GPUs.
 A `Datum` is one training sequence in Tinker's layout: `model_input` is the tokens the model
 reads (the sequence without its last token) and every array in `loss_fn_inputs` has one entry
 per input position, describing the token that follows it (`target_tokens[i]` = sequence[i+1]).
+Token ids and policy versions are integers from the session to the loss: a float32 holds
+integers exactly only up to 2**24, so no integer array ever passes through a float.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 
@@ -26,6 +30,8 @@ from skyrl_agent.types import PlacedImage
 DATUM_ARRAYS = ("target_tokens", "weights", "logprobs", "advantages", "policy_versions")
 """Per-position arrays a datum may carry: the next token; its loss weight (1 on sampled tokens,
 0 elsewhere); its sampling logprob; its advantage; the policy version that sampled it."""
+INTEGER_ARRAYS = ("target_tokens", "policy_versions")
+"""The arrays of integers: held as Python ints and stacked as int64, never as floats."""
 
 
 @dataclass(frozen=True)
@@ -34,13 +40,21 @@ class Datum:
 
     model_input: tuple[int, ...]
     """Token ids the model reads: the sequence without its last token."""
-    loss_fn_inputs: Mapping[str, tuple[float, ...]]
-    """Named per-position arrays (see DATUM_ARRAYS); `target_tokens` is required."""
+    loss_fn_inputs: Mapping[str, tuple[int, ...] | tuple[float, ...]]
+    """Named per-position arrays (see DATUM_ARRAYS); `target_tokens` is required. Those in
+    INTEGER_ARRAYS must hold integers (a float there is refused, not rounded)."""
     routed_experts: np.ndarray | None = field(default=None, compare=False)
     """MoE models, Rollout Routing Replay: [input tokens, layers, top_k] experts the sampler
     routed each input token to; -1 where nothing was recorded (the trainer routes itself)."""
     images: tuple[PlacedImage, ...] = ()
     """Vision models: the images the input shows, each over its span of image tokens."""
+    turn_starts: tuple[int, ...] = ()
+    """Where each model call (turn) of the sequence begins: turn k owns the positions
+    `turn_starts[k]` up to the next turn's start, whose targets are the tokens it added (its
+    observation, then its completion); the first turn starts at 0. Written by packing from the
+    session's turns, so no one guesses boundaries back from gaps in the weights (abutting turns
+    leave none). Empty when unknown (Tinker clients send no turns); an empty turn starts where
+    the next one does."""
 
     def __post_init__(self) -> None:
         if "target_tokens" not in self.loss_fn_inputs:
@@ -48,10 +62,19 @@ class Datum:
         unknown = set(self.loss_fn_inputs) - set(DATUM_ARRAYS)
         if unknown:
             raise ValueError(f"unknown datum arrays {sorted(unknown)}; known: {DATUM_ARRAYS}")
-        for name, values in self.loss_fn_inputs.items():
+        object.__setattr__(self, "model_input", _integers("model_input", self.model_input))
+        arrays = dict(self.loss_fn_inputs)
+        for name, values in arrays.items():
             if len(values) != len(self.model_input):
                 raise ValueError(f"datum array {name} has {len(values)} entries for "
                                  f"{len(self.model_input)} input tokens")
+            if name in INTEGER_ARRAYS:
+                arrays[name] = _integers(name, values)
+        starts = _integers("turn_starts", self.turn_starts)
+        if starts and (starts[0] != 0 or starts[-1] > len(self.model_input)
+                       or any(b < a for a, b in itertools.pairwise(starts))):
+            raise ValueError(f"turn_starts {starts[:8]} must rise from 0 and stay within the "
+                             f"{len(self.model_input)} input tokens")
         if self.routed_experts is not None and (
                 self.routed_experts.ndim != 3
                 or self.routed_experts.shape[0] != len(self.model_input)):
@@ -59,20 +82,47 @@ class Datum:
                              f"{len(self.model_input)} input tokens")
         if any(image.end > len(self.model_input) for image in self.images):
             raise ValueError(f"an image span runs past the {len(self.model_input)} input tokens")
-        object.__setattr__(self, "loss_fn_inputs", MappingProxyType(dict(self.loss_fn_inputs)))
+        object.__setattr__(self, "loss_fn_inputs", MappingProxyType(arrays))
+        object.__setattr__(self, "turn_starts", starts)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # The read-only mapping cannot be pickled; rank processes receive data by pickle.
         return (Datum, (self.model_input, dict(self.loss_fn_inputs), self.routed_experts,
-                        self.images))
+                        self.images, self.turn_starts))
 
     def array(self, name: str, default: float = 0.0) -> tuple[float, ...]:
         """A named array, or `default` at every position when the datum does not carry it."""
         return self.loss_fn_inputs.get(name) or (default,) * len(self.model_input)
 
+    def integers(self, name: str) -> tuple[int, ...] | None:
+        """An integer array (INTEGER_ARRAYS) as the ints it holds; None when not carried."""
+        if name not in INTEGER_ARRAYS:
+            raise KeyError(f"{name} is not an integer array; those are {INTEGER_ARRAYS}")
+        values = self.loss_fn_inputs.get(name)
+        return None if values is None else cast(tuple[int, ...], values)
+
     @property
     def num_loss_tokens(self) -> int:
         return sum(1 for w in self.array("weights") if w)
+
+
+def _integers(name: str, values: Sequence[Any]) -> tuple[int, ...]:
+    """`values` as Python ints; a float (even a whole one) is refused: it means an id went
+    through a float somewhere, where ids above 2**24 (float32) or 2**53 (float64) change."""
+    try:
+        return tuple(map(operator.index, values))
+    except TypeError:
+        bad = next(v for v in values if not _is_integer(v))
+        raise ValueError(f"datum {name} must hold integers, got {bad!r} "
+                         f"({type(bad).__name__})") from None
+
+
+def _is_integer(value: Any) -> bool:
+    try:
+        operator.index(value)
+    except TypeError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)

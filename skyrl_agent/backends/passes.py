@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from skyrl_agent.backends.algorithms.reductions import token_weights
-from skyrl_agent.backends.backend import Datum, ForwardBackwardOutput
+from skyrl_agent.backends.backend import INTEGER_ARRAYS, Datum, ForwardBackwardOutput
 from skyrl_agent.backends.loss import (
     LOSS_FNS,
     LossConfig,
@@ -148,13 +148,15 @@ def micro_batches(data: Sequence[Datum], rows: Sequence[int], budget: int) -> li
 
 
 def stack(data: Sequence[Datum], name: str, device: torch.device | None = None) -> torch.Tensor:
-    """A named per-position array of every datum, right-padded with zeros: [B, T]."""
+    """A named per-position array of every datum, right-padded with zeros: [B, T]; int64 for
+    the integer arrays (token ids, versions), which never pass through a float, else float32."""
     width = max((len(d.model_input) for d in data), default=0)
-    out = torch.zeros(len(data), width, dtype=torch.float32)
+    integer = name in INTEGER_ARRAYS
+    out = torch.zeros(len(data), width, dtype=torch.long if integer else torch.float32)
     for row, datum in enumerate(data):
         if name in datum.loss_fn_inputs:
-            out[row, : len(datum.model_input)] = torch.tensor(datum.loss_fn_inputs[name],
-                                                              dtype=torch.float64)
+            out[row, : len(datum.model_input)] = torch.tensor(
+                datum.loss_fn_inputs[name], dtype=torch.long if integer else torch.float64)
     return out if device is None else out.to(device)
 
 
@@ -173,15 +175,16 @@ def stack_routing(data: Sequence[Datum], rows: int, width: int) -> torch.Tensor 
 
 def sampled_by(data: Sequence[Datum], version: int) -> torch.Tensor:
     """[B, T]: True where `version`'s weights alone sampled the token (its datum's
-    `policy_versions`, see trainers.batch.sampling_versions): what agreement compares."""
+    `policy_versions`, which packing writes per turn, see rl.batch.sampling_versions): what
+    agreement compares."""
     width = max(len(d.model_input) for d in data)
     out = torch.zeros(len(data), width, dtype=torch.bool)
     for row, datum in enumerate(data):
         weights = torch.tensor(datum.array("weights"))
-        versions = datum.loss_fn_inputs.get("policy_versions")
+        versions = datum.integers("policy_versions")
         sampled = weights != 0
         if versions is not None:
-            sampled &= torch.tensor(versions) == version
+            sampled &= torch.tensor(versions, dtype=torch.long) == version
         out[row, : len(weights)] = sampled
     return out
 

@@ -313,7 +313,7 @@ class TorchBackend:
         for row, datum in enumerate(data):
             input_ids[row, : len(datum.model_input)] = torch.tensor(datum.model_input)
             attention[row, : len(datum.model_input)] = 1
-        targets_BT = stack(data, "target_tokens").long().to(self.device)
+        targets_BT = stack(data, "target_tokens", self.device)
         with self._routing(model, data, width):
             logits_BTV = model(input_ids=input_ids.to(self.device),
                                attention_mask=attention.to(self.device),

@@ -8,7 +8,9 @@ tokens for T tokens of conversation.
 The loss falls only on sampled tokens (the turns' `loss_mask`), each carrying the trajectory's
 advantage, its sampling logprob and the policy version that sampled it. A summary turn is a
 sampled turn like any other: it is trained with the trajectory's advantage. Observations and
-prompts get weight 0. A masked trajectory yields no data, so it moves no weight.
+prompts get weight 0. A masked trajectory yields no data, so it moves no weight. Each datum
+carries where its turns start (`Datum.turn_starts`): a turn's prompt may add nothing after the
+previous completion, so no gap in the weights marks the boundary.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ def pack_turns(turns: Sequence[Turn], advantage: float) -> Datum | None:
     length = len(sequence)
     weights = [0.0] * length
     logprobs = [0.0] * length
-    versions = [0.0] * length
+    versions = [0] * length
     for turn in turns:
         start = len(turn.prompt_ids)
         per_token = sampling_versions(turn)
@@ -58,18 +60,26 @@ def pack_turns(turns: Sequence[Turn], advantage: float) -> Datum | None:
                 zip(turn.loss_mask, turn.completion_logprobs, per_token, strict=True)):
             weights[start + offset] = float(mask)
             logprobs[start + offset] = logprob
-            versions[start + offset] = float(version)
+            versions[start + offset] = version
     if length < 2 or not any(weights[1:]):
         return None
     # Position i of a datum describes sequence[i + 1], the token predicted from the first i + 1.
     return Datum(model_input=sequence[:-1], routed_experts=routing_of(turns, length - 1),
-                 images=last.images, loss_fn_inputs={
-        "target_tokens": tuple(float(t) for t in sequence[1:]),
+                 images=last.images, turn_starts=turn_starts(turns), loss_fn_inputs={
+        "target_tokens": sequence[1:],
         "weights": tuple(weights[1:]),
         "logprobs": tuple(logprobs[1:]),
         "advantages": tuple(advantage * w for w in weights[1:]),
         "policy_versions": tuple(versions[1:]),
     })
+
+
+def turn_starts(turns: Sequence[Turn]) -> tuple[int, ...]:
+    """Per turn, the first datum position whose target is a token the turn added (the first
+    after the previous turn's prompt + completion); 0 for the first turn, whose first token is
+    no position's target."""
+    ends = [len(turn.prompt_ids) + len(turn.completion_ids) for turn in turns[:-1]]
+    return (0, *(max(end - 1, 0) for end in ends))
 
 
 def sampling_versions(turn: Turn) -> tuple[int, ...]:

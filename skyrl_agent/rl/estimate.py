@@ -152,7 +152,7 @@ def _timed_pass(backend: Any, length: int) -> float:
     from skyrl_agent.backends.backend import Datum
 
     datum = Datum(model_input=(1,) * length,
-                  loss_fn_inputs={"target_tokens": (1.0,) * length, "weights": (1.0,) * length})
+                  loss_fn_inputs={"target_tokens": (1,) * length, "weights": (1.0,) * length})
     started = time.perf_counter()
     backend.forward_backward([datum], "cross_entropy")
     return time.perf_counter() - started

@@ -1,8 +1,9 @@
 """The SDK's protobuf messages, to and from the trainer's types.
 
 Requests: `ForwardBackwardRequest` (tokens as int32 bytes per chunk, named tensors as dense
-bytes). Results: `ForwardBackwardOutput` (per-datum `logprobs` in one batched float32 record)
-and `SampleResponse` (tokens int32, logprobs float32, prompt logprobs with NaN first). The
+bytes; the SDK sends target_tokens as int64, kept as ints: a float tensor there is refused).
+Results: `ForwardBackwardOutput` (per-datum `logprobs` in one batched float32 record) and
+`SampleResponse` (tokens int32, logprobs float32, prompt logprobs with NaN first). The
 message classes come from the installed `tinker` package (extra `tinker`).
 """
 
@@ -15,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from skyrl_agent.backends.backend import DATUM_ARRAYS, Datum
+from skyrl_agent.backends.backend import DATUM_ARRAYS, INTEGER_ARRAYS, Datum
 from skyrl_agent.backends.loss import LOSS_FNS
 from skyrl_agent.errors import ConfigError
 from skyrl_agent.tinker.errors import TinkerUserError
@@ -82,7 +83,7 @@ def _datum(pb: Any, message: Any, index: int, loss_fn: str) -> Datum:
             raise TinkerUserError(f"datum {index}: only text and image chunks are supported, "
                                   f"not {kind}")
         tokens.extend(np.frombuffer(chunk.encoded_text.tokens, dtype=np.int32).tolist())
-    arrays = {name: _tensor(pb, tensor, f"datum {index}: {name}")
+    arrays = {name: _tensor(pb, tensor, f"datum {index}: {name}", name in INTEGER_ARRAYS)
               for name, tensor in message.loss_fn_inputs.items()}
     ratio_mask = arrays.pop("sequence_ratio_mask", None)
     if ratio_mask is not None and loss_fn != "gspo":
@@ -127,7 +128,10 @@ def _default_weights(loss_fn: str, arrays: Mapping[str, tuple[float, ...]],
     return tuple(1.0 if a != 0 else 0.0 for a in arrays["advantages"])
 
 
-def _tensor(pb: Any, tensor: Any, what: str) -> tuple[float, ...]:
+def _tensor(pb: Any, tensor: Any, what: str,
+            integer: bool = False) -> tuple[int, ...] | tuple[float, ...]:
+    """A dense 1-D tensor's values: ints for an integer array (token ids, versions; a float
+    tensor there is refused, never rounded), else floats."""
     dtypes = {pb.DTYPE_FLOAT32: np.float32, pb.DTYPE_INT64: np.int64, pb.DTYPE_INT32: np.int32}
     if tensor.dtype not in dtypes:
         raise TinkerUserError(f"{what}: unsupported dtype {tensor.dtype}")
@@ -137,6 +141,11 @@ def _tensor(pb: Any, tensor: Any, what: str) -> tuple[float, ...]:
     if len(tensor.shape) > 1:
         raise TinkerUserError(f"{what}: expected one value per position, got shape "
                               f"{list(tensor.shape)}")
+    if integer:
+        if values.dtype.kind != "i":
+            raise TinkerUserError(f"{what}: must be an integer tensor (int64 or int32), not "
+                                  f"{values.dtype}")
+        return tuple(values.tolist())
     if not np.all(np.isfinite(values)):
         raise TinkerUserError(f"{what}: values must be finite")
     return tuple(values.astype(np.float64).tolist())

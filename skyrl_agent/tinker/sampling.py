@@ -230,7 +230,7 @@ class Sampler:
                     if name in params:
                         params[name].data.copy_(tensor)
             self._scorer_weights = loaded
-        datum = Datum(tuple(prompt[:-1]), {"target_tokens": tuple(map(float, prompt[1:]))},
+        datum = Datum(tuple(prompt[:-1]), {"target_tokens": tuple(prompt[1:])},
                       images=images)
         (logprobs,) = self._scorer.forward([datum])  # the training forward's own code path
         return PromptScores([math.nan, *logprobs], _top(self._scorer, prompt, topk))

@@ -64,12 +64,10 @@ def forward_backward(model: TrainingModel, call: ForwardBackwardCall) -> Result:
 def check_tokens(data: Sequence[Datum], vocab_size: int) -> None:
     """Every input and target id inside the vocabulary (else torch fails deep inside)."""
     for index, datum in enumerate(data):
-        ids = [*datum.model_input, *datum.loss_fn_inputs["target_tokens"]]
-        bad = next((t for t in ids if not (0 <= t < vocab_size and float(t).is_integer())),
-                   None)
+        ids = [*datum.model_input, *(datum.integers("target_tokens") or ())]
+        bad = next((t for t in ids if not 0 <= t < vocab_size), None)
         if bad is not None:
-            shown = int(bad) if float(bad).is_integer() else bad
-            raise TinkerUserError(f"datum {index}: token id {shown} is outside the "
+            raise TinkerUserError(f"datum {index}: token id {bad} is outside the "
                                   f"vocabulary (0..{vocab_size - 1})")
 
 

@@ -125,7 +125,7 @@ class MegatronRank(TorchBackend):
         padding = torch.arange(first, first + logits_BTV.shape[-1], device=self.device) \
             >= self.layout.vocab
         logits_BTV = logits_BTV.masked_fill(padding, _NEG)
-        targets_BT = stack(data, "target_tokens").long().to(self.device)
+        targets_BT = stack(data, "target_tokens", self.device)
         # A copy, always: Megatron's cross entropy overwrites its input with probabilities, and
         # a transpose of a one-row batch is already contiguous (no copy of its own).
         logits_TBV = logits_BTV.transpose(0, 1).clone(memory_format=torch.contiguous_format)
