@@ -64,7 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.tiny_model
 from skyrl_agent import plugins
 from skyrl_agent.agents.answer import AnswerAgent
 from skyrl_agent.backends.build import make_backend
-from skyrl_agent.collector.rollout import sample_seed
+from skyrl_agent.collector.one_sample import sample_seed
 from skyrl_agent.config import RunConfig, load_config
 from skyrl_agent.data.store import TrajectoryStore
 from skyrl_agent.envs.env import Env

@@ -36,7 +36,7 @@ from transformers import AutoTokenizer
 from skyrl_agent import plugins
 from skyrl_agent.agents.terminus import TerminusAgent
 from skyrl_agent.collector.collector import Collector
-from skyrl_agent.collector.model import model_sessions
+from skyrl_agent.collector.model_access import model_sessions
 from skyrl_agent.config import RunConfig
 from skyrl_agent.data.store import TrajectoryStore
 from skyrl_agent.inference.client import InferenceClient, Sampling

@@ -32,8 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from skyrl_agent.tasks.model import TaskSpec  # noqa: E402
 from skyrl_agent.tasks.sources import resolve_tasks  # noqa: E402
+from skyrl_agent.tasks.spec import TaskSpec  # noqa: E402
 
 SETS = ["demo", "swe-mini", "gen:count:train:2", "gen:fix-bug:train:2",
         "gen:git-commit:train:2"]

@@ -20,7 +20,7 @@ from skyrl_agent.collector.check import check_tasks
 from skyrl_agent.config import SandboxConfig
 from skyrl_agent.sandboxes.base import UnsupportedEnvironment
 from skyrl_agent.tasks import resolve_tasks
-from skyrl_agent.tasks.model import TaskSpec
+from skyrl_agent.tasks.spec import TaskSpec
 
 RESULTS = Path(__file__).parent / "results" / "swe_challenge.md"
 

@@ -405,6 +405,16 @@ def _set(data: dict[str, Any], key: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
+def _set_default(data: dict[str, Any], key: str, value: Any) -> None:
+    """Set `section.key` unless the mapping already has it."""
+    *sections, name = key.split(".")
+    node: Any = data
+    for part in sections:
+        node = node.get(part) if isinstance(node.get(part), dict) else {}
+    if name not in node:
+        _set(data, key, value)
+
+
 def _apply_override(data: dict[str, Any], override: str) -> None:
     key, sep, raw = override.partition("=")
     if not sep or not key.strip():
@@ -426,11 +436,22 @@ def _one_line(exc: ValidationError) -> str:
     return "; ".join(messages)
 
 
+TRAIN_DEFAULTS: Mapping[str, Any] = {"agent.name": "answer", "tasks.source": "toy",
+                                     "collector.n_samples_per_task": 8}
+"""What `train` runs where neither its options nor the config file say: a task the small model
+can learn in minutes, in groups large enough for group-relative advantages."""
+
+
 def load_config(path: Path | None = None, overrides: list[str] | None = None,
-                values: Mapping[str, Any] | None = None) -> RunConfig:
-    """A validated RunConfig from an optional file, then typed `values`, then `a.b=value`
-    overrides (applied in order, so `--set` wins over a command's own options)."""
-    return config_from(_read_file(path) if path is not None else {}, overrides, values)
+                values: Mapping[str, Any] | None = None,
+                defaults: Mapping[str, Any] | None = None) -> RunConfig:
+    """A validated RunConfig from a command's `defaults`, then an optional file, then typed
+    `values`, then `a.b=value` overrides (each wins over the ones before it, so `--set` wins
+    over a command's own options and a file over the command's defaults)."""
+    data = _read_file(path) if path is not None else {}
+    for key, value in (defaults or {}).items():
+        _set_default(data, key, value)
+    return config_from(data, overrides, values)
 
 
 def config_from(data: dict[str, Any], overrides: list[str] | None = None,

@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 from skyrl_agent.tasks import load_task
-from skyrl_agent.tasks.model import TaskSpec
+from skyrl_agent.tasks.spec import TaskSpec
 from tests.conftest import REPO
 
 SWE_MINI = REPO / "tasks" / "swe-mini"

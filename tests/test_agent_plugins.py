@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from skyrl_agent.agents.oracle import OracleAgent
-from skyrl_agent.collector.rollout import make_agent
+from skyrl_agent.collector.one_sample import make_agent
 from skyrl_agent.config import load_config
 from skyrl_agent.errors import UserError
 from tests.test_cli import CLI, assert_one_line_error

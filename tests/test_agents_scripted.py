@@ -13,7 +13,7 @@ from transformers import AutoTokenizer
 
 from skyrl_agent.agents.codeact import CodeActAgent
 from skyrl_agent.agents.terminus import TerminusAgent
-from skyrl_agent.collector.rollout import run_rollout
+from skyrl_agent.collector.one_sample import run_rollout
 from skyrl_agent.config import RunConfig
 from skyrl_agent.inference.client import InferenceClient
 from skyrl_agent.llm.session import LLMSession, SessionConfig

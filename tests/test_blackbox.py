@@ -14,7 +14,7 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from skyrl_agent.collector.rollout import run_rollout
+from skyrl_agent.collector.one_sample import run_rollout
 from skyrl_agent.config import RunConfig
 from skyrl_agent.inference.client import InferenceClient
 from skyrl_agent.inference.process import embedded_server

@@ -154,3 +154,40 @@ def test_routing_replay_on_vllm_without_a_gpu_is_one_line_before_anything_loads(
     assert "\n" not in str(refused.value)
     monkeypatch.setattr(launch, "detect_device", lambda: "cuda")
     check_vllm_routing()
+
+
+def test_a_config_file_wins_over_trains_defaults_and_options_win_over_the_file(tmp_path):
+    """`train`'s defaults (answer on toy, groups of 8) sit beneath the file: a file naming
+    another agent or group size was overridden by them while they lived in the CLI."""
+    from skyrl_agent.jobs.train import train_settings
+
+    file = tmp_path / "run.yaml"
+    file.write_text("agent:\n  name: terminus\ncollector:\n  n_samples_per_task: 4\n")
+    none = dict.fromkeys(["agent.name", "tasks.source", "output_dir"])
+    from_file = train_settings(file, None, none, resume=False)
+    assert (from_file.agent.name, from_file.collector.n_samples_per_task) == ("terminus", 4)
+    assert from_file.tasks.source == "toy" and from_file.output_dir.name.startswith("train-")
+    bare = train_settings(None, None, none, resume=False)
+    assert (bare.agent.name, bare.collector.n_samples_per_task) == ("answer", 8)
+    given = train_settings(file, ["collector.n_samples_per_task=6"],
+                           {**none, "agent.name": "openhands"}, resume=False)
+    assert (given.agent.name, given.collector.n_samples_per_task) == ("openhands", 6)
+
+
+def test_a_model_is_resolved_once_per_process_and_cache(tmp_path, monkeypatch):
+    """The run's checks, backend and server all ask for the model: the first answer holds (a
+    built-in model found converted stays found), and another cache is another resolution."""
+    from skyrl_agent.model.names import SMOLLM2, resolve_model
+
+    monkeypatch.setenv("SKYRL_AGENT_CACHE", str(tmp_path / "cache"))
+    converted = tmp_path / "cache" / "models" / SMOLLM2
+    converted.mkdir(parents=True)
+    (converted / "model.safetensors").write_bytes(b"")
+    assert resolve_model(SMOLLM2) == converted
+    (converted / "model.safetensors").unlink()
+    assert resolve_model(SMOLLM2) == converted  # not looked up again
+    monkeypatch.setenv("SKYRL_AGENT_CACHE", str(tmp_path / "other"))
+    other = tmp_path / "other" / "models" / SMOLLM2
+    other.mkdir(parents=True)
+    (other / "model.safetensors").write_bytes(b"")
+    assert resolve_model(SMOLLM2) == other

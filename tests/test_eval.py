@@ -18,7 +18,7 @@ from skyrl_agent.data.run_dir import RunDir
 from skyrl_agent.data.store import TrajectoryStore
 from skyrl_agent.evaluation.hacks import hack_report
 from skyrl_agent.evaluation.stats import describe_time, pass_at_curve, pass_at_k, summarize
-from skyrl_agent.tasks.model import TWIN_SUFFIX
+from skyrl_agent.tasks.spec import TWIN_SUFFIX
 from tests.test_html_report import dump_dom
 from tests.test_store import make_trajectory
 

@@ -10,7 +10,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from skyrl_agent.agents.terminus import TerminusAgent
-from skyrl_agent.collector.rollout import run_rollout
+from skyrl_agent.collector.one_sample import run_rollout
 from skyrl_agent.config import RunConfig
 from skyrl_agent.data.run_dir import RunDir, RunRecord
 from skyrl_agent.data.store import TrajectoryStore
@@ -18,7 +18,7 @@ from skyrl_agent.evaluation.hacks import GRADER_PATHS, hack_report
 from skyrl_agent.evaluation.regrade import Regrade
 from skyrl_agent.inference.client import InferenceClient
 from skyrl_agent.llm.session import LLMSession, SessionConfig
-from skyrl_agent.tasks.model import load_task
+from skyrl_agent.tasks.spec import load_task
 from skyrl_agent.types import Reward
 from tests.conftest import DEMO
 from tests.helpers import make_task

@@ -78,7 +78,7 @@ def _environment(tmp_path: Path, relay_url: str | None, hosts: list[str],
     from harbor.models.trial.paths import TrialPaths
 
     from skyrl_agent.harbor import SkyrlEnvironment
-    from skyrl_agent.tasks.model import load_task
+    from skyrl_agent.tasks.spec import load_task
 
     task = load_task(DEMO / "hello-file")
     return SkyrlEnvironment(

@@ -19,7 +19,7 @@ from skyrl_agent.jobs.train import TrainJob
 from skyrl_agent.llm.session import LLMSession
 from skyrl_agent.rl.checkpoints import Checkpoints
 from skyrl_agent.rl.metrics import read_metrics
-from skyrl_agent.tasks.model import is_impossible_twin
+from skyrl_agent.tasks.spec import is_impossible_twin
 from skyrl_agent.types import FinishReason
 from tests.test_swe_challenge import targeted
 from tests.test_train import model, settings  # noqa: F401 - the tiny model fixture

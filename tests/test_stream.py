@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from skyrl_agent.rl.stream import TaskStream
-from skyrl_agent.tasks.model import TaskSpec
+from skyrl_agent.tasks.spec import TaskSpec
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import pytest
 
 from skyrl_agent.agents.adversaries import FORGES_IN_PROCESS
 from skyrl_agent.tasks import resolve_tasks
-from skyrl_agent.tasks.model import impossible_twin
+from skyrl_agent.tasks.spec import impossible_twin
 from skyrl_agent.tasks.swe.challenge import Challenge, new_challenge
 from skyrl_agent.tasks.swe.harness import SweGrader
 from skyrl_agent.tasks.swe.instance import SweInstance, read_instances

@@ -24,7 +24,7 @@ from skyrl_agent.tasks.files import (
     read_task_file,
     read_task_text,
 )
-from skyrl_agent.tasks.model import linked_images, load_task
+from skyrl_agent.tasks.spec import linked_images, load_task
 from tests.helpers import make_task
 
 SECRET = b"host secret: never shown to a model or a sandbox\n"

@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from skyrl_agent.collector.model import supervised
+from skyrl_agent.collector.model_access import supervised
 from skyrl_agent.config import SandboxConfig
 from skyrl_agent.errors import RunStopped
 from skyrl_agent.inference.client import InferenceClient, Sampling

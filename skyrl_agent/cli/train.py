@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -52,39 +51,16 @@ def train(
     policy versions; metrics per step on stdout, in RUN_DIR/metrics.jsonl and TensorBoard
     (RUN_DIR/tensorboard). Ctrl-C or SIGTERM stops it; --resume continues from the last
     checkpoint (trainer.checkpoint_every) and the stored trajectories."""
-    from skyrl_agent.config import config_from, load_config
-    from skyrl_agent.data.run_dir import RunDir
-    from skyrl_agent.errors import UserError
     from skyrl_agent.evaluation.stats import describe_time
-    from skyrl_agent.jobs.train import TrainJob
+    from skyrl_agent.jobs.train import TrainJob, placement_of, train_settings
     from skyrl_agent.types import TIME_ACCOUNT
 
     setup_logging()
-    if output is None:
-        if resume:
-            raise UserError("--resume needs the run's --output RUN_DIR")
-        output = Path("runs") / time.strftime("train-%Y%m%d-%H%M%S")
-    given: dict[str, object] = {
+    settings = train_settings(config, overrides, {
         "agent.name": agent, "tasks.source": tasks, "collector.n_samples_per_task": n,
         "trainer.max_steps": steps, "inference.endpoint": endpoint, "ray.address": ray,
-        "output_dir": output}
-    if resume:  # the run's own settings; options given now must agree with them
-        record = RunDir(output).record()
-        if record is None:
-            raise UserError(f"nothing to resume in {output} (no readable config.json)")
-        settings = config_from({**record.config, "collector": {"n_samples_per_task": record.n}},
-                               overrides, given)
-    else:
-        defaults = {"agent.name": "answer", "tasks.source": "toy",
-                    "collector.n_samples_per_task": 8}
-        given = {**defaults, **{k: v for k, v in given.items() if v is not None}}
-        settings = load_config(config, overrides, given)
-    placement = None
-    if settings.ray.address:
-        from skyrl_agent.distributed import ray_placement
-
-        placement = ray_placement()
-    job = TrainJob(settings, settings.output_dir, resume=resume, placement=placement)
+        "output_dir": output}, resume)
+    job = TrainJob(settings, settings.output_dir, resume=resume, placement=placement_of(settings))
     console.print(job.plan(calibrate=dry_run))
     if dry_run:
         return

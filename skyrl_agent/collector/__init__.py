@@ -1,1 +1,2 @@
-"""Running rollouts: one (rollout.py) or many (the collector), and recording them."""
+"""Running rollouts: one sample (one_sample.py) or streams of groups (collector.py), the model
+access they sample through (model_access.py), and the failure policy that decides what counts."""

@@ -17,7 +17,7 @@ from skyrl_agent.collector.check import CheckResult, check_task
 from skyrl_agent.config import SandboxConfig, VerifierConfig
 from skyrl_agent.errors import UserError
 from skyrl_agent.sandboxes.pool import SandboxPool
-from skyrl_agent.tasks.model import TaskSpec
+from skyrl_agent.tasks.spec import TaskSpec
 
 TOLERANCE = 1e-9
 

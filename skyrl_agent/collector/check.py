@@ -15,7 +15,7 @@ from skyrl_agent.envs.env import Env
 from skyrl_agent.envs.episode import AgentOutcome, run_episode
 from skyrl_agent.errors import UserError
 from skyrl_agent.sandboxes.pool import SandboxPool
-from skyrl_agent.tasks.model import TaskSpec
+from skyrl_agent.tasks.spec import TaskSpec
 
 
 @dataclass(frozen=True)

@@ -17,14 +17,14 @@ from typing import Any, Protocol
 
 from skyrl_agent.agents.base import Agent
 from skyrl_agent.collector.appends import GroupCommit
+from skyrl_agent.collector.one_sample import SessionFactory, make_agent, run_rollout
 from skyrl_agent.collector.policy import FailurePolicy
-from skyrl_agent.collector.rollout import SessionFactory, make_agent, run_rollout
 from skyrl_agent.config import RunConfig
 from skyrl_agent.data.run_dir import RunDir
 from skyrl_agent.data.store import StoreContents, TrajectoryStore
 from skyrl_agent.llm.session import LLMSession
 from skyrl_agent.sandboxes.pool import SandboxPool
-from skyrl_agent.tasks.model import TaskSpec
+from skyrl_agent.tasks.spec import TaskSpec
 from skyrl_agent.types import Trajectory, TrajectoryGroup
 
 

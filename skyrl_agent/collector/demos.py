@@ -17,15 +17,15 @@ from typing import Any
 
 from skyrl_agent.agents.base import Agent, agent_class
 from skyrl_agent.agents.teacher import Teacher
-from skyrl_agent.collector.model import session_config
-from skyrl_agent.collector.rollout import make_agent, run_rollout
+from skyrl_agent.collector.model_access import session_config
+from skyrl_agent.collector.one_sample import make_agent, run_rollout
 from skyrl_agent.config import RunConfig
 from skyrl_agent.envs.episode import SandboxSource, fresh_sandboxes
 from skyrl_agent.llm.session import LLMSession
 from skyrl_agent.model.vision import tokenizer_images
 from skyrl_agent.tasks.families.base import Step
-from skyrl_agent.tasks.model import TaskSpec
 from skyrl_agent.tasks.solution import solution_commands, solution_plan, solution_walkthrough
+from skyrl_agent.tasks.spec import TaskSpec
 from skyrl_agent.types import Trajectory
 
 DEMO_SAMPLE = 0

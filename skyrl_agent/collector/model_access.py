@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from skyrl_agent.agents.base import Agent
-from skyrl_agent.collector.rollout import SessionFactory
+from skyrl_agent.collector.one_sample import SessionFactory
 from skyrl_agent.config import InferenceConfig, RunConfig
 from skyrl_agent.data.run_dir import RunDir
 from skyrl_agent.errors import RunStopped

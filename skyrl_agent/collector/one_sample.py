@@ -30,7 +30,7 @@ from skyrl_agent.envs.episode import (
 from skyrl_agent.envs.verifier import SEPARATE
 from skyrl_agent.errors import UserError
 from skyrl_agent.llm.session import LLMSession
-from skyrl_agent.tasks.model import TaskSpec
+from skyrl_agent.tasks.spec import TaskSpec
 from skyrl_agent.types import Trajectory
 
 log = logging.getLogger(__name__)

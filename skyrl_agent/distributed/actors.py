@@ -8,33 +8,27 @@ the trainer's process imports torch (the others would pay its memory for nothing
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from skyrl_agent.agents.base import Agent
 from skyrl_agent.collector.collector import Collector
-from skyrl_agent.collector.model import model_server, session_factory
+from skyrl_agent.collector.model_access import model_server, session_factory
 from skyrl_agent.config import InferenceConfig, RunConfig
 from skyrl_agent.data.store import StoreContents, TrajectoryStore
+from skyrl_agent.distributed.proxy import Served, ServedAsync
 from skyrl_agent.inference.client import Completion, InferenceClient, Sampling
 from skyrl_agent.inference.process import ServerProcess
 from skyrl_agent.llm.session import SessionConfig
 from skyrl_agent.model.vision import ImageInputs
-from skyrl_agent.tasks.model import TaskSpec
+from skyrl_agent.rl.workers import ServerControl
+from skyrl_agent.tasks.spec import TaskSpec
 from skyrl_agent.types import PlacedImage, Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:  # only the trainer actor's process needs torch
-    from skyrl_agent.backends.backend import (
-        AdamParams,
-        Datum,
-        ForwardBackwardOutput,
-        OptimStepOutput,
-        TrainingState,
-    )
-    from skyrl_agent.backends.loss import LossConfig
-    from skyrl_agent.model.weights.transport import WeightUpdate
+    pass
 
 
 class ServerActor:
@@ -61,13 +55,15 @@ class ServerActor:
         self.server.stop()
 
 
-class RouterActor:
+class RouterActor(ServedAsync):
     """The run's one InferenceClient: every collector's sessions go through it, so a session
-    sticks to one server and new sessions go to the least busy, whichever actor asks."""
+    sticks to one server and new sessions go to the least busy, whichever actor asks. Serves
+    the trainer's ServerControl protocol (distributed/proxy.py)."""
 
     def __init__(self, urls: Sequence[str], keys: Sequence[str | None] | None = None,
                  routed_experts: bool = False) -> None:
         self.client = InferenceClient(urls, api_keys=keys, routed_experts=routed_experts)
+        self.serve(self.client, ServerControl)
 
     async def complete(self, prompt_ids: Sequence[int], sampling: Sampling,
                        session_id: str | None = None,
@@ -76,18 +72,6 @@ class RouterActor:
 
     async def end_session(self, session_id: str) -> None:
         self.client.end_session(session_id)
-
-    async def pause(self, mode: str = "keep") -> None:
-        await self.client.pause(mode)
-
-    async def resume(self) -> None:
-        await self.client.resume()
-
-    async def send(self, update: WeightUpdate) -> list[float]:
-        return await self.client.send(update)
-
-    async def busy_seconds(self) -> float:
-        return await self.client.busy_seconds()
 
     async def max_model_len(self) -> int | None:
         return await self.client.max_model_len()
@@ -178,42 +162,18 @@ class CollectorActor:
         await asyncio.sleep(0)
 
 
-class TrainerActor:
+class TrainerActor(Served):
     """The trainer backend, in its own process; a sharded backend's ranks are actors of their
-    own (distributed/ranks.py)."""
+    own (distributed/ranks.py). Serves the TrainerBackend protocol (distributed/proxy.py)."""
 
     def __init__(self, config: RunConfig) -> None:
+        from skyrl_agent.backends.backend import TrainerBackend
         from skyrl_agent.backends.build import make_backend
         from skyrl_agent.distributed.ranks import RayRankGroup
 
         self.backend = make_backend(config, ranks=partial(RayRankGroup,
                                                           cpus=config.ray.rank_cpus))
+        self.serve(self.backend, TrainerBackend)
 
     def step(self) -> int:
         return self.backend.step
-
-    def forward(self, data: Sequence[Datum]) -> list[tuple[float, ...]]:
-        return self.backend.forward(data)
-
-    def forward_backward(self, data: Sequence[Datum], loss_fn: str,
-                         loss_fn_config: LossConfig | Mapping[str, Any] | None = None,
-                         ) -> ForwardBackwardOutput:
-        return self.backend.forward_backward(data, loss_fn, loss_fn_config)
-
-    def optim_step(self, adam: AdamParams) -> OptimStepOutput:
-        return self.backend.optim_step(adam)
-
-    def save_state(self, path: Path, data_position: int = 0) -> None:
-        self.backend.save_state(path, data_position)
-
-    def load_state(self, path: Path, optimizer: bool = True) -> TrainingState:
-        return self.backend.load_state(path, optimizer)
-
-    def save_weights_for_sampler(self, version: int) -> WeightUpdate:
-        return self.backend.save_weights_for_sampler(version)
-
-    def export(self, target: Path) -> None:
-        self.backend.export(target)
-
-    def close(self) -> None:
-        self.backend.close()

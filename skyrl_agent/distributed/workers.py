@@ -12,25 +12,18 @@ import contextlib
 import logging
 import os
 import re
-from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import ray
 from ray.exceptions import ActorUnschedulableError, RayActorError, RayError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from skyrl_agent.agents.base import Agent
-from skyrl_agent.backends.backend import (
-    AdamParams,
-    Datum,
-    ForwardBackwardOutput,
-    OptimStepOutput,
-    TrainingState,
-)
-from skyrl_agent.backends.loss import LossConfig
-from skyrl_agent.collector.model import session_config, watched
+from skyrl_agent.backends.backend import OptimStepOutput, TrainerBackend, TrainingState
+from skyrl_agent.collector.model_access import session_config, watched
 from skyrl_agent.config import RunConfig
 from skyrl_agent.data.run_dir import RunDir
 from skyrl_agent.distributed.actors import (
@@ -40,12 +33,12 @@ from skyrl_agent.distributed.actors import (
     StoreActor,
     TrainerActor,
 )
+from skyrl_agent.distributed.proxy import Remote
 from skyrl_agent.distributed.restarts import ANYWHERE_RESTARTS
 from skyrl_agent.errors import RunStopped, UserError
 from skyrl_agent.inference.auth import endpoint_key, save_server_keys
-from skyrl_agent.model.weights.transport import WeightUpdate
-from skyrl_agent.rl.workers import Workers
-from skyrl_agent.tasks.model import TaskSpec
+from skyrl_agent.rl.workers import ServerControl, Workers
+from skyrl_agent.tasks.spec import TaskSpec
 from skyrl_agent.types import TrajectoryGroup
 
 log = logging.getLogger(__name__)
@@ -87,47 +80,18 @@ def _check_room(config: RunConfig) -> None:
                         "ranks x ray.rank_cpus)")
 
 
-class RemoteBackend:
+class RemoteBackend(Remote):
     """The TrainerBackend protocol over the TrainerActor (calls block: loops run them in
-    threads)."""
+    threads); `step` follows what the optimizer and a loaded state say."""
 
     def __init__(self, actor: Any) -> None:
-        self.actor = actor
+        super().__init__(actor, TrainerBackend, _trained)
         self.step: int = ray.get(actor.step.remote())  # a failed start: ray_workers says why
 
-    def forward(self, data: Sequence[Datum]) -> list[tuple[float, ...]]:
-        result: list[tuple[float, ...]] = _trained(self.actor.forward.remote(list(data)))
+    def _delivered(self, result: Any) -> Any:
+        if isinstance(result, (OptimStepOutput, TrainingState)):
+            self.step = result.step
         return result
-
-    def forward_backward(self, data: Sequence[Datum], loss_fn: str,
-                         loss_fn_config: LossConfig | Mapping[str, Any] | None = None,
-                         ) -> ForwardBackwardOutput:
-        out: ForwardBackwardOutput = _trained(
-            self.actor.forward_backward.remote(list(data), loss_fn, loss_fn_config))
-        return out
-
-    def optim_step(self, adam: AdamParams) -> OptimStepOutput:
-        out: OptimStepOutput = _trained(self.actor.optim_step.remote(adam))
-        self.step = out.step
-        return out
-
-    def save_state(self, path: Path, data_position: int = 0) -> None:
-        _trained(self.actor.save_state.remote(path, data_position))
-
-    def load_state(self, path: Path, optimizer: bool = True) -> TrainingState:
-        state: TrainingState = _trained(self.actor.load_state.remote(path, optimizer))
-        self.step = state.step
-        return state
-
-    def save_weights_for_sampler(self, version: int) -> WeightUpdate:
-        update: WeightUpdate = _trained(self.actor.save_weights_for_sampler.remote(version))
-        return update
-
-    def export(self, target: Path) -> None:
-        _trained(self.actor.export.remote(target))
-
-    def close(self) -> None:
-        _trained(self.actor.close.remote())
 
 
 def _last_line(error: Exception) -> str:
@@ -181,27 +145,6 @@ class RemoteCollectors:
 
     async def close(self) -> None:
         await asyncio.gather(*[a.close.remote() for a in self.actors], return_exceptions=True)
-
-
-class RemoteServers:
-    """The ServerControl protocol over the RouterActor."""
-
-    def __init__(self, router: Any) -> None:
-        self.router = router
-
-    async def pause(self, mode: str = "keep") -> None:
-        await self.router.pause.remote(mode)
-
-    async def resume(self) -> None:
-        await self.router.resume.remote()
-
-    async def send(self, update: WeightUpdate) -> list[float]:
-        seconds: list[float] = await self.router.send.remote(update)
-        return seconds
-
-    async def busy_seconds(self) -> float:
-        seconds: float = await self.router.busy_seconds.remote()
-        return seconds
 
 
 def _here() -> NodeAffinitySchedulingStrategy:
@@ -285,7 +228,7 @@ class _Actors:
         """Stop what holds resources outside Ray (sandboxes, shared memory, server processes,
         the store's lock), then end every actor."""
         steps = [*[c.close.remote() for c in self.collectors],
-                 *([self.trainer.close.remote()] if self.trainer else [])]
+                 *([self.trainer.call.remote("close")] if self.trainer else [])]
         await asyncio.gather(*steps, return_exceptions=True)  # a dead actor has nothing left
         steps = [*[s.stop.remote() for s in self.servers],
                  *([self.store.close.remote()] if self.store else [])]
@@ -326,7 +269,8 @@ async def ray_workers(config: RunConfig, run_dir: Path, agent_cls: type[Agent],
             return await watched(work, lambda: _stopped(actors.servers))
 
         collectors = RemoteCollectors(actors.collectors)
-        yield Workers(backend, collectors, RemoteServers(actors.router), supervise)
+        servers = cast(ServerControl, Remote(actors.router, ServerControl, lambda ref: ref))
+        yield Workers(cast(TrainerBackend, backend), collectors, servers, supervise)
         log.info("groups per collector actor: %s", collectors.groups_run)
     finally:
         await actors.stop()

@@ -15,7 +15,7 @@ from pathlib import Path
 from skyrl_agent.envs.terminal import TmuxTerminal
 from skyrl_agent.model.vision import MAX_IMAGE_BYTES, decode_image
 from skyrl_agent.sandboxes.base import ExecResult, Sandbox, SandboxError
-from skyrl_agent.tasks.model import IMAGE_LINK, TaskSpec
+from skyrl_agent.tasks.spec import IMAGE_LINK, TaskSpec
 
 _INLINE_WRITE_LIMIT = 64 * 1024  # larger files go through upload (tar) instead of the command line
 

@@ -45,7 +45,7 @@ from skyrl_agent.sandboxes.base import (
     UnsupportedEnvironment,
 )
 from skyrl_agent.sandboxes.pool import SandboxPool
-from skyrl_agent.tasks.model import TaskSpec
+from skyrl_agent.tasks.spec import TaskSpec
 from skyrl_agent.types import FailureKind, FinishReason, Reward
 
 

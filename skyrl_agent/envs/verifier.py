@@ -29,7 +29,7 @@ from skyrl_agent.config import VerifierConfig
 from skyrl_agent.sandboxes.archive import one_file_tar
 from skyrl_agent.sandboxes.artifacts import ArtifactLimitExceeded, ArtifactLimits, BundleWriter
 from skyrl_agent.sandboxes.base import Sandbox, SandboxError
-from skyrl_agent.tasks.model import CHALLENGE_FILE, Challenger, LogGrader, TaskSpec
+from skyrl_agent.tasks.spec import CHALLENGE_FILE, Challenger, LogGrader, TaskSpec
 from skyrl_agent.types import Reward
 
 VERIFIER_DIR = "/logs/verifier"

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from skyrl_agent.evaluation.regrade import Regrade
-from skyrl_agent.tasks.model import is_impossible_twin
+from skyrl_agent.tasks.spec import is_impossible_twin
 from skyrl_agent.types import Trajectory
 
 GRADER_PATHS = re.compile(

@@ -14,7 +14,7 @@ from skyrl_agent.envs.episode import fresh_sandboxes, grade
 from skyrl_agent.errors import UserError
 from skyrl_agent.sandboxes.base import SandboxError, UnsupportedEnvironment
 from skyrl_agent.tasks import find_task
-from skyrl_agent.tasks.model import TaskSpec
+from skyrl_agent.tasks.spec import TaskSpec
 from skyrl_agent.types import Trajectory
 
 

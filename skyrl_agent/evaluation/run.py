@@ -9,7 +9,7 @@ from pathlib import Path
 from skyrl_agent.data.run_dir import RunDir
 from skyrl_agent.data.store import StoreError, TrajectoryStore
 from skyrl_agent.errors import UserError
-from skyrl_agent.tasks.model import TaskSpec
+from skyrl_agent.tasks.spec import TaskSpec
 from skyrl_agent.types import Trajectory
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from math import comb
 
-from skyrl_agent.tasks.model import is_impossible_twin
+from skyrl_agent.tasks.spec import is_impossible_twin
 from skyrl_agent.types import Trajectory, mean_time_account
 
 PASS_THRESHOLD = 1.0

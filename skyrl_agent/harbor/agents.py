@@ -25,15 +25,15 @@ from harbor.models.agent.rollout_detail import RolloutDetail
 
 from skyrl_agent import __version__
 from skyrl_agent.agents.base import agent_class
-from skyrl_agent.collector.model import session_config
-from skyrl_agent.collector.rollout import make_agent
+from skyrl_agent.collector.model_access import session_config
+from skyrl_agent.collector.one_sample import make_agent
 from skyrl_agent.config import RunConfig, load_config
 from skyrl_agent.envs.env import Env
 from skyrl_agent.inference.client import InferenceClient
 from skyrl_agent.llm.session import LLMSession
 from skyrl_agent.sandboxes.base import SandboxSpec
 from skyrl_agent.sandboxes.harbor import HarborSandbox
-from skyrl_agent.tasks.model import load_task
+from skyrl_agent.tasks.spec import load_task
 from skyrl_agent.types import Segment
 
 

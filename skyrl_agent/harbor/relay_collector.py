@@ -25,8 +25,8 @@ from typing import Any, ClassVar
 from skyrl_agent.agents.base import Agent, AgentResult
 from skyrl_agent.capture import CaptureProxy
 from skyrl_agent.collector.collector import TrajectorySink, stored_samples
+from skyrl_agent.collector.one_sample import SessionFactory, make_agent
 from skyrl_agent.collector.policy import FailurePolicy
-from skyrl_agent.collector.rollout import SessionFactory, make_agent
 from skyrl_agent.config import RunConfig
 from skyrl_agent.envs.env import Env
 from skyrl_agent.errors import UserError
@@ -36,7 +36,7 @@ from skyrl_agent.harbor.results import OWN_ERROR_POLICY
 from skyrl_agent.harbor.serve import harbor_serving
 from skyrl_agent.harbor.toolchains import toolchain
 from skyrl_agent.llm.session import LLMSession
-from skyrl_agent.tasks.model import TaskSpec
+from skyrl_agent.tasks.spec import TaskSpec
 from skyrl_agent.types import Trajectory, TrajectoryGroup
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ from skyrl_agent.harbor.results import (
     harbor_times,
 )
 from skyrl_agent.llm.session import LLMSession
-from skyrl_agent.tasks.model import TaskSpec
+from skyrl_agent.tasks.spec import TaskSpec
 from skyrl_agent.types import Trajectory
 
 MODEL_NAME = "skyrl-agent"

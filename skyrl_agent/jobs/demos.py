@@ -26,7 +26,7 @@ from skyrl_agent.data.store import TrajectoryStore
 from skyrl_agent.errors import TaskError, UserError
 from skyrl_agent.jobs.prepare import COPY, DEMOS, prepare_run, record_of
 from skyrl_agent.sandboxes.pool import SandboxPool
-from skyrl_agent.tasks.model import TaskSpec
+from skyrl_agent.tasks.spec import TaskSpec
 
 
 def _check_demonstrable(agent_cls: type[Agent]) -> None:

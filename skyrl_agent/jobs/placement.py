@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 from skyrl_agent.agents.base import Agent
 from skyrl_agent.backends.build import make_backend
 from skyrl_agent.collector.collector import Collector, TrajectorySink
-from skyrl_agent.collector.model import model_sessions, supervised
-from skyrl_agent.collector.rollout import SessionFactory
+from skyrl_agent.collector.model_access import model_sessions, supervised
+from skyrl_agent.collector.one_sample import SessionFactory
 from skyrl_agent.config import RunConfig
 from skyrl_agent.data.store import TrajectoryStore
 from skyrl_agent.rl.workers import Workers

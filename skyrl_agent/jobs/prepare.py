@@ -23,12 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from skyrl_agent.agents.base import Agent, agent_class
-from skyrl_agent.collector.rollout import make_agent
+from skyrl_agent.collector.one_sample import make_agent
 from skyrl_agent.config import RunConfig
 from skyrl_agent.data.run_dir import RunDir, RunRecord
 from skyrl_agent.data.store import TrajectoryStore
 from skyrl_agent.errors import UserError
-from skyrl_agent.tasks.model import TaskSpec
+from skyrl_agent.tasks.spec import TaskSpec
 
 PLACEMENT: dict[str, Any] = {"collector": True, "output_dir": True, "ray": True,
                              "inference": {"num_servers"}}

@@ -1,8 +1,8 @@
 """A rollout job: tasks x n samples against a model server, stored in a run directory.
 
-The model server is the embedded one, started and supervised by collector/model.py, unless an
-endpoint is given. Trajectories go to the run's store as each finishes; the same job on the
-same run directory resumes it, skipping the samples already stored.
+The model server is the embedded one, started and supervised by collector/model_access.py,
+unless an endpoint is given. Trajectories go to the run's store as each finishes; the same job
+on the same run directory resumes it, skipping the samples already stored.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from skyrl_agent.collector.collector import Collector, missing_samples
-from skyrl_agent.collector.model import model_sessions, supervised
+from skyrl_agent.collector.model_access import model_sessions, supervised
 from skyrl_agent.config import RunConfig
 from skyrl_agent.data.store import TrajectoryStore
 from skyrl_agent.jobs.prepare import ROLLOUT, prepare_run, record_of

@@ -11,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from skyrl_agent.backends.build import describe_backend, make_backend
-from skyrl_agent.config import RunConfig
+from skyrl_agent.config import TRAIN_DEFAULTS, RunConfig, config_from, load_config
 from skyrl_agent.data.run_dir import RunDir, RunRecord
 from skyrl_agent.errors import UserError
 from skyrl_agent.jobs.checks import check_trainable
@@ -30,7 +31,7 @@ from skyrl_agent.rl.reference_loop import reference_loop
 from skyrl_agent.rl.step import StepResult, publish
 from skyrl_agent.rl.stream import TaskStream
 from skyrl_agent.rl.workers import Placement, Workers
-from skyrl_agent.tasks.model import TaskSpec, impossible_twin
+from skyrl_agent.tasks.spec import TaskSpec, impossible_twin
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,35 @@ RESUMABLE_CHANGES = {"max_steps", "checkpoint_every", "wandb_project", "backend"
 """Trainer settings a resumed run may change: how long it goes on, how often it saves, where
 else it reports, and which backend over how many ranks (every backend reads every backend's
 checkpoints)."""
+
+
+def train_settings(config_file: Path | None, overrides: list[str] | None,
+                   options: Mapping[str, Any], resume: bool) -> RunConfig:
+    """The run's settings from `train`'s command line: `options` are its typed options
+    (`section.key` -> value, None where not given). A resumed run starts from its own stored
+    settings, which the options given now must agree with; a new one from `TRAIN_DEFAULTS`,
+    the file, the options and the overrides."""
+    output = options.get("output_dir")
+    if resume:
+        if output is None:
+            raise UserError("--resume needs the run's --output RUN_DIR")
+        record = RunDir(Path(output)).record()
+        if record is None:
+            raise UserError(f"nothing to resume in {output} (no readable config.json)")
+        return config_from({**record.config, "collector": {"n_samples_per_task": record.n}},
+                           overrides, options)
+    if output is None:
+        options = {**options, "output_dir": Path("runs") / time.strftime("train-%Y%m%d-%H%M%S")}
+    return load_config(config_file, overrides, options, defaults=TRAIN_DEFAULTS)
+
+
+def placement_of(config: RunConfig) -> Placement | None:
+    """Ray actors when the run names a Ray address; None: every part in this process."""
+    if not config.ray.address:
+        return None
+    from skyrl_agent.distributed import ray_placement
+
+    return ray_placement()
 
 
 def _pinned(record: RunRecord) -> RunRecord:

@@ -8,6 +8,7 @@ safetensors folder in the cache, because loading the GGUF takes ~45 s and reload
 from __future__ import annotations
 
 import fcntl
+import functools
 import importlib.util
 import os
 import sys
@@ -23,16 +24,23 @@ BUILTIN_MODELS = (SMOLLM2,)
 
 
 def resolve_model(name_or_path: str | os.PathLike[str]) -> Path:
-    """A folder `transformers` can load offline, converting a built-in model on first use."""
+    """A folder `transformers` can load offline, converting a built-in model on first use.
+    Resolved once per process and cache (the run's checks, backend and server ask for the same
+    model; they all get the folder the first call found)."""
+    return _resolve(str(name_or_path), cache_dir())
+
+
+@functools.cache
+def _resolve(name_or_path: str, cache: Path) -> Path:
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ConfigError(f"model folder {path} has no config.json (not a Hugging Face model)")
         return path.resolve()
-    if str(name_or_path) == SMOLLM2:
-        return _converted_smollm2()
+    if name_or_path == SMOLLM2:
+        return _converted_smollm2(cache)
     raise ConfigError(
-        f"unknown model {str(name_or_path)!r}: give a local Hugging Face folder or one of "
+        f"unknown model {name_or_path!r}: give a local Hugging Face folder or one of "
         f"{', '.join(BUILTIN_MODELS)}"
     )
 
@@ -50,8 +58,8 @@ def _smollm2_gguf() -> Path:
     return gguf
 
 
-def _converted_smollm2() -> Path:
-    target = cache_dir() / "models" / SMOLLM2
+def _converted_smollm2(cache: Path) -> Path:
+    target = cache / "models" / SMOLLM2
     if (target / "model.safetensors").is_file():
         return target
     gguf = _smollm2_gguf()

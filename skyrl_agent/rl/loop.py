@@ -33,7 +33,7 @@ from skyrl_agent.rl.checkpoints import LoopState
 from skyrl_agent.rl.step import StepResult, publish, reward_mean, train_on
 from skyrl_agent.rl.stream import GroupSlot, TaskStream
 from skyrl_agent.rl.workers import GroupSource, ServerControl
-from skyrl_agent.tasks.model import is_impossible_twin
+from skyrl_agent.tasks.spec import is_impossible_twin
 from skyrl_agent.types import TrajectoryGroup
 
 log = logging.getLogger(__name__)

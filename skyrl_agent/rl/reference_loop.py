@@ -25,7 +25,7 @@ from skyrl_agent.config import RunConfig
 from skyrl_agent.rl.step import StepResult, collect, publish, reward_mean, train_on
 from skyrl_agent.rl.stream import TaskStream
 from skyrl_agent.rl.workers import Workers
-from skyrl_agent.tasks.model import TaskSpec
+from skyrl_agent.tasks.spec import TaskSpec
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ once, in an order shuffled by (seed, e); its groups take sample indices e*n .. e
 is all a checkpoint needs to record ("the data position"): the stream is a pure function of it.
 
 With a twin rate r > 0, a seeded coin per position gives about r of the groups the task's
-impossible twin instead (tasks/model.py: same instruction, tests no honest work passes), a live
+impossible twin instead (tasks/spec.py: same instruction, tests no honest work passes), a live
 measure of reward hacking; the loop never trains on them.
 """
 
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from skyrl_agent.tasks.model import TaskSpec, impossible_twin
+from skyrl_agent.tasks.spec import TaskSpec, impossible_twin
 
 
 @dataclass(frozen=True)

@@ -10,14 +10,16 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from skyrl_agent.agents.base import Agent
-from skyrl_agent.backends.backend import TrainerBackend
 from skyrl_agent.config import RunConfig
 from skyrl_agent.model.weights.transport import WeightSender, WeightUpdate
-from skyrl_agent.tasks.model import TaskSpec
+from skyrl_agent.tasks.spec import TaskSpec
 from skyrl_agent.types import TrajectoryGroup
+
+if TYPE_CHECKING:  # a Ray collector or router process imports this module without torch
+    from skyrl_agent.backends.backend import TrainerBackend
 
 
 class GroupSource(Protocol):

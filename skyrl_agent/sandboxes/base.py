@@ -30,7 +30,7 @@ from skyrl_agent.sandboxes.archive import pack
 from skyrl_agent.sandboxes.artifacts import BundleWriter
 from skyrl_agent.sandboxes.dockerfile import final_workdir, parse_dockerfile
 from skyrl_agent.tasks.files import pack_task_folder, read_task_text
-from skyrl_agent.tasks.model import TaskSpec
+from skyrl_agent.tasks.spec import TaskSpec
 
 DEFAULT_MEMORY_MB = 2048
 DEFAULT_STORAGE_MB = 10240

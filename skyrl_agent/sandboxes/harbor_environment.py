@@ -36,7 +36,7 @@ from skyrl_agent.descriptors import prepare
 from skyrl_agent.sandboxes.artifacts import ArtifactLimits, BundleWriter
 from skyrl_agent.sandboxes.base import Sandbox, SandboxSpec, create_sandbox
 from skyrl_agent.sandboxes.loopback_route import LoopbackRoute
-from skyrl_agent.tasks.model import TaskSpec, load_task
+from skyrl_agent.tasks.spec import TaskSpec, load_task
 
 log = logging.getLogger(__name__)
 TRIAL_DEADLINE_S = 4 * 3600.0

@@ -10,7 +10,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 
 import skyrl_agent
-from skyrl_agent.tasks.model import TaskSpec
+from skyrl_agent.tasks.spec import TaskSpec
 
 
 class TaskSource(ABC):

@@ -20,7 +20,7 @@ from skyrl_agent.config import cache_dir
 from skyrl_agent.errors import TaskError
 from skyrl_agent.tasks.base import TaskSource
 from skyrl_agent.tasks.families import FAMILIES, SPLITS, Family, GeneratedTask, family
-from skyrl_agent.tasks.model import TaskSpec, load_task
+from skyrl_agent.tasks.spec import TaskSpec, load_task
 
 DEFAULT_COUNT = 20
 """Seeds per family when a `gen:` reference names no count."""

@@ -12,7 +12,7 @@ import re
 from skyrl_agent.errors import TaskError
 from skyrl_agent.tasks.families.base import Step
 from skyrl_agent.tasks.files import read_task_text
-from skyrl_agent.tasks.model import TaskSpec
+from skyrl_agent.tasks.spec import TaskSpec
 
 _HEREDOC = re.compile(r"<<(-?)\s*(['\"]?)([A-Za-z_][A-Za-z0-9_]*)\2")
 DEFAULT_PLAN = "Run the commands that solve the task."

@@ -13,7 +13,7 @@ from pathlib import Path
 from skyrl_agent import plugins
 from skyrl_agent.errors import TaskError
 from skyrl_agent.tasks.base import TaskSource, bundled_root, bundled_sets
-from skyrl_agent.tasks.model import TaskSpec, load_task
+from skyrl_agent.tasks.spec import TaskSpec, load_task
 
 
 def _task_dirs(root: Path) -> list[Path]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from skyrl_agent.errors import TaskError
-from skyrl_agent.tasks.model import CHALLENGE_FILE
+from skyrl_agent.tasks.spec import CHALLENGE_FILE
 from skyrl_agent.tasks.swe.challenge import Challenge, new_challenge, twin_tests
 from skyrl_agent.tasks.swe.instance import SweInstance
 from skyrl_agent.types import TAMPERING, Reward

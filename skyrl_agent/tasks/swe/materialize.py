@@ -37,7 +37,7 @@ from pathlib import Path
 
 from skyrl_agent.atomic import atomic_folder
 from skyrl_agent.config import cache_dir
-from skyrl_agent.tasks.model import TaskSpec, load_task
+from skyrl_agent.tasks.spec import TaskSpec, load_task
 from skyrl_agent.tasks.swe.harness import (
     SweGrader,
     ensure_spec,

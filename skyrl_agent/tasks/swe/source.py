@@ -16,7 +16,7 @@ from pathlib import Path
 
 from skyrl_agent.errors import TaskError
 from skyrl_agent.tasks.base import TaskSource, bundled_root, bundled_sets
-from skyrl_agent.tasks.model import TaskSpec
+from skyrl_agent.tasks.spec import TaskSpec
 from skyrl_agent.tasks.swe.harness import require_swebench
 from skyrl_agent.tasks.swe.instance import (
     DATASETS,
