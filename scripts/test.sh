@@ -7,10 +7,18 @@
 # file stays on one worker (its module fixtures start once) and tests marked `serial` run alone.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh --dev --vllm || exit $?
-export SKYRL_AGENT_REQUIRE_VLLM=1   # the vLLM tier must run, not skip
+bash scripts/setup.sh --dev || exit $?
 .venv/bin/ruff check skyrl_agent tests benchmarks scripts || exit 1
-.venv/bin/mypy || exit 1
+# The type check runs while vLLM is set up, with its cache kept per checkout in the user's cache
+# (a checkout tested again re-checks only what changed: ~5 s instead of ~2 minutes).
+cache="${SKYRL_AGENT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/skyrl-agent}"
+mypy_log=$(mktemp)
+.venv/bin/mypy --cache-dir "$cache/mypy/$(pwd | sha256sum | cut -c1-16)" >"$mypy_log" 2>&1 &
+mypy_pid=$!
+bash scripts/setup-vllm.sh || exit $?
+export SKYRL_AGENT_REQUIRE_VLLM=1   # the vLLM tier must run, not skip
+wait $mypy_pid || { cat "$mypy_log"; rm -f "$mypy_log"; exit 1; }
+tail -n 1 "$mypy_log"; rm -f "$mypy_log"
 # The docs: reference pages as the code generates them, and the site built with --strict (a
 # broken link or a page left out of the navigation fails).
 .venv/bin/python scripts/docs_reference.py --check || exit 1

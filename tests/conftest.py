@@ -46,14 +46,20 @@ def _guard_tier(items, marker: str, why: str | None, require_variable: str) -> N
             item.add_marker(pytest.mark.skip(reason=why))
 
 
-LONGEST_FILES = ("test_harbor", "test_rollout_job", "test_ray", "test_ray_cluster",
-                 "test_tinker_cookbook",
-                 "test_train", "test_learning", "test_sharded_backends", "test_agents_e2e",
-                 "test_recipe", "test_harbor_installed_agents", "test_swe_rollout",
-                 "test_inference_server", "test_audit", "test_sandbox_security", "test_swe_mini",
-                 "test_tinker_rest", "test_tinker", "test_vision")
-"""Files that take the longest (measured with --durations), handed to parallel workers first so
-no long file starts last and leaves the other worker idle."""
+LONGEST_FILES = ("test_harbor", "test_sharded_backends", "test_harbor_installed_agents",
+                 "test_learning", "test_tinker_cookbook", "test_train", "test_vision",
+                 "test_ray_cluster", "test_vllm", "test_vllm_lora", "test_inference_server",
+                 "test_swe_mini", "test_ray", "test_audit", "test_rollout_job",
+                 "test_swe_challenge", "test_tinker", "test_recipe", "test_attacks",
+                 "test_agents_e2e", "test_sandbox_security", "test_families_check", "test_estimate",
+                 "test_harbor_relay", "test_demos", "test_tinker_restart", "test_host_limits",
+                 "test_certain_kill", "test_eval", "test_inference_client", "test_moe",
+                 "test_summary_training", "test_cli", "test_check_demo", "test_vllm_moe",
+                 "test_swe_rollout", "test_docs", "test_impossible_twins", "test_capture",
+                 "test_sft")
+"""Files that take 30 s or more, longest first (measured with --junitxml in a full run of
+scripts/test.sh), handed to parallel workers first so no long file starts last and leaves the
+other worker idle."""
 
 
 def _longest_first(item) -> int:
