@@ -11,21 +11,21 @@ import asyncio
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from skyrl_agent.agents.base import Agent
-from skyrl_agent.collector.collector import Collector
+from skyrl_agent.collector.collector import Collector, TrajectorySink
 from skyrl_agent.collector.model_access import model_server, session_factory
 from skyrl_agent.config import InferenceConfig, RunConfig
-from skyrl_agent.data.store import StoreContents, TrajectoryStore
-from skyrl_agent.distributed.proxy import Served, ServedAsync
-from skyrl_agent.inference.client import Completion, InferenceClient, Sampling
+from skyrl_agent.data.store import TrajectoryStore
+from skyrl_agent.distributed.proxy import Remote, Served, ServedAsync
+from skyrl_agent.inference.client import CompletionClient, InferenceClient
 from skyrl_agent.inference.process import ServerProcess
 from skyrl_agent.llm.session import SessionConfig
 from skyrl_agent.model.vision import ImageInputs
 from skyrl_agent.rl.workers import ServerControl
 from skyrl_agent.tasks.spec import TaskSpec
-from skyrl_agent.types import PlacedImage, Trajectory, TrajectoryGroup
+from skyrl_agent.types import TrajectoryGroup
 
 if TYPE_CHECKING:  # only the trainer actor's process needs torch
     pass
@@ -58,20 +58,12 @@ class ServerActor:
 class RouterActor(ServedAsync):
     """The run's one InferenceClient: every collector's sessions go through it, so a session
     sticks to one server and new sessions go to the least busy, whichever actor asks. Serves
-    the trainer's ServerControl protocol (distributed/proxy.py)."""
+    the trainer's ServerControl and the sessions' CompletionClient (distributed/proxy.py)."""
 
     def __init__(self, urls: Sequence[str], keys: Sequence[str | None] | None = None,
                  routed_experts: bool = False) -> None:
         self.client = InferenceClient(urls, api_keys=keys, routed_experts=routed_experts)
-        self.serve(self.client, ServerControl)
-
-    async def complete(self, prompt_ids: Sequence[int], sampling: Sampling,
-                       session_id: str | None = None,
-                       images: tuple[PlacedImage, ...] = ()) -> Completion:
-        return await self.client.complete(prompt_ids, sampling, session_id, images)
-
-    async def end_session(self, session_id: str) -> None:
-        self.client.end_session(session_id)
+        self.serve(self.client, ServerControl, CompletionClient)
 
     async def max_model_len(self) -> int | None:
         return await self.client.max_model_len()
@@ -84,55 +76,33 @@ class RouterActor(ServedAsync):
         await self.client.close()
 
 
-class StoreActor:
-    """The single writer of the run's TrajectoryStore."""
+class StoreActor(Served):
+    """The single writer of the run's TrajectoryStore; serves what a Collector needs of it
+    (TrajectorySink)."""
 
     def __init__(self, run_dir: Path) -> None:
         self.store = TrajectoryStore(run_dir, writable=True)
-
-    def append(self, trajectories: list[Trajectory]) -> Path | None:
-        return self.store.append(trajectories)
-
-    def load(self) -> StoreContents:
-        return self.store.load()
+        self.serve(self.store, TrajectorySink)
 
     def close(self) -> None:
         self.store.close()
 
 
-class StoreClient:
-    """What a Collector needs of its store, answered by the StoreActor (calls run in threads)."""
+class StoreClient(Remote):
+    """TrajectorySink over the StoreActor. The Collector calls it in threads: a concurrent
+    future's result() blocks only the calling thread (ray.get would warn that it blocks the
+    actor's event loop)."""
 
     def __init__(self, actor: Any, run_dir: Path) -> None:
-        self.actor = actor
+        super().__init__(actor, TrajectorySink, lambda ref: ref.future().result())
         self.run_dir = run_dir
 
-    # A concurrent future's result() blocks only the calling thread (ray.get would warn that
-    # it blocks the actor's event loop, though the Collector calls these in threads).
-    def append(self, trajectories: list[Trajectory]) -> Path | None:
-        result: Path | None = self.actor.append.remote(trajectories).future().result()
-        return result
 
-    def load(self) -> StoreContents:
-        contents: StoreContents = self.actor.load.remote().future().result()
-        return contents
-
-
-class RouterClient:
-    """An LLMSession's client, answered by the RouterActor."""
+class RouterClient(Remote):
+    """An LLMSession's CompletionClient over the RouterActor (its calls are awaited)."""
 
     def __init__(self, actor: Any) -> None:
-        self.actor = actor
-
-    async def complete(self, prompt_ids: Sequence[int], sampling: Sampling,
-                       session_id: str | None = None,
-                       images: tuple[PlacedImage, ...] = ()) -> Completion:
-        completion: Completion = await self.actor.complete.remote(
-            list(prompt_ids), sampling, session_id, images)
-        return completion
-
-    def end_session(self, session_id: str) -> None:
-        self.actor.end_session.remote(session_id)  # nothing to wait for
+        super().__init__(actor, CompletionClient, lambda ref: ref)
 
 
 class CollectorActor:
@@ -147,7 +117,7 @@ class CollectorActor:
         folder = resolve_model(config.inference.model)
         tokenizer = AutoTokenizer.from_pretrained(folder)
         self.collector = Collector(
-            config, agent_cls, StoreClient(store, run_dir),
+            config, agent_cls, cast(TrajectorySink, StoreClient(store, run_dir)),
             session_factory(RouterClient(router), tokenizer, settings,
                             ImageInputs.for_model(folder)))
 

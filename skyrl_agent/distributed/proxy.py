@@ -24,10 +24,12 @@ def methods_of(protocol: type) -> frozenset[str]:
 
 
 class Served:
-    """Actor side: `target`'s methods of `protocol`, called by name; for methods that block."""
+    """Actor side: `target`'s methods of the protocols it serves, called by name; for methods
+    that block."""
 
-    def serve(self, target: Any, protocol: type) -> None:
-        self._target, self._methods = target, methods_of(protocol)
+    def serve(self, target: Any, *protocols: type) -> None:
+        self._target = target
+        self._methods = frozenset().union(*map(methods_of, protocols))
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return self._method(method)(*args, **kwargs)
