@@ -46,9 +46,15 @@ class ScriptedServer:
     """Reply text -> sampled ids; default the canonical tokenization. A test can return ids that
     decode to the text but are not its canonical encoding, as a real model may sample them."""
     url: str = ""
+    bodies: list[dict[str, Any]] = field(default_factory=list)
+    """Each request's JSON body, in order (its sampling settings)."""
+    session_ids: list[str | None] = field(default_factory=list)
+    """Each request's X-Session-ID header, in order."""
 
     async def completions(self, request: web.Request) -> web.Response:
         body = await request.json()
+        self.bodies.append(body)
+        self.session_ids.append(request.headers.get("X-Session-ID"))
         prompt = body["prompt"]
         self.prompts.append(prompt)
         self.max_tokens.append(body["max_tokens"])

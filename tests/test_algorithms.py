@@ -406,3 +406,102 @@ def test_reduction_errors() -> None:
     for norm_len in (None, 0, -1):
         with pytest.raises(ValueError, match="norm_len"):
             token_weights(RED_MASK, "seq-mean-token-sum-norm", norm_len=norm_len)
+
+
+# ---------------------------------------------------------------- edges the cases above leave open
+
+
+def test_two_valid_samples_are_enough_for_rloo_and_reinforce_pp() -> None:
+    """Stops: a '>= 2 valid samples' rule read as '> 2', which silently zeroes the advantage of
+    every group of two (the smallest group RLOO is defined for) and leaves a batch of two
+    entries un-normalized."""
+    # RLOO [3, 1, pad]: 3 - 1 = 2, 1 - 3 = -2 (each minus the other's reward)
+    close(rloo_advantages(t([[3, 1, NAN]]), torch.tensor([[True, True, False]])),
+          [[2, -2, 0]])
+    # REINFORCE++ [[3, 1]]: a = [1, -1], mean 0, Bessel std sqrt((1 + 1) / 1) = sqrt 2
+    #   -> +-1/sqrt 2 = +-0.707107 (the un-normalized a would be +-1)
+    close(reinforce_pp_baseline_advantages(t([[3, 1]]), torch.tensor([[True, True]])),
+          [[0.707107, -0.707107]])
+
+
+def test_eps_bounds_the_advantages_of_a_nearly_uniform_group() -> None:
+    """Stops: an eps subtracted (or dropped) from the std: rewards 1e-6 apart would get
+    advantages of either sign or of any size, rather than damped ones."""
+    # [1e-6, 0]: deviations +-5e-7, Bessel std = 5e-7 * sqrt 2; with eps = 1e-6,
+    # A = 5e-7 / (5e-7 sqrt 2 + 1e-6) = 1 / (sqrt 2 + 2) = 0.292893 (without eps: 0.707107)
+    rewards, valid = t([[1e-6, 0]]), torch.tensor([[True, True]])
+    damped = 1 / (math.sqrt(2) + 2)
+    close(grpo_advantages(rewards, valid), [[damped, -damped]])
+    close(reinforce_pp_baseline_advantages(rewards, valid), [[damped, -damped]])
+
+
+def test_gspo_default_range_old_logprobs_masks_and_advantage_scale() -> None:
+    """GSPO with the paper's range (3e-4, 4e-4), old logprobs -1 (not 0) and advantages of
+    magnitude other than 1. Stops: the lower clip lost or widened (a negative advantage would
+    push an already-lowered sequence further down), masked tokens leaking into s_i, a
+    one-token sequence averaged over more than one token, the clipped term divided by A, and
+    a clipped sequence without masked tokens missing from clip_fraction."""
+    # row 0: d = [-1e-3, -1e-3 | masked +5], A = -2: s = e^-1e-3 = 0.9990005 < 1 - 3e-4;
+    #   -min(s * -2, 0.9997 * -2) = 1.9994 on the clipped branch -> no gradient
+    # row 1: d = [1e-4 | masked, masked], A = 0.5: s = e^1e-4, inside; loss = -0.5 s
+    #   = -0.50005000, gradient -A * s = -0.50005000 on its one token
+    # row 2: d = [0.3, 0.3, 0.3], A = 1: s = e^0.3 > 1.0004 -> -1.0004, clipped, no gradient
+    # row 3: all masked (d = 5): s = e^0 = 1, loss -A = -1; no sequence for the metric
+    # clip_fraction: rows 0 and 2 of the 3 with a masked-in token
+    old = torch.full((4, 3), -1.0, dtype=F64)
+    d = t([[-1e-3, -1e-3, 5], [1e-4, 7, 7], [0.3, 0.3, 0.3], [5, 5, 5]])
+    mask = t([[1, 1, 0], [1, 0, 0], [1, 1, 1], [0, 0, 0]])
+    adv = t([[-2] * 3, [0.5] * 3, [1] * 3, [1] * 3])
+    logp = (old + d).requires_grad_(True)
+    loss, metrics = gspo_loss(logp, old, adv, mask)
+    s1 = -0.5 * math.exp(1e-4)
+    close(loss, [[1.9994] * 3, [s1] * 3, [-1.0004] * 3, [-1.0] * 3], atol=1e-9)
+    grad = grad_of(loss * mask, logp)
+    close(grad, [[0, 0, 0], [s1, 0, 0], [0, 0, 0], [0, 0, 0]], atol=1e-9)
+    assert metrics == pytest.approx({"clip_fraction": 2 / 3})
+
+
+def test_a_wild_sequence_ratio_is_clamped_to_e_to_the_20() -> None:
+    """Stops: an unclamped sequence log-ratio, which overflows float32 to inf (NaN in the
+    backward pass) for a sequence the sampler found far less likely than the trainer, and
+    which the lower clamp bounds at e^-20 the other way."""
+    # mean log-ratio +100 with A = -1: the unclipped branch -s * A = s, clamped to e^20
+    # mean log-ratio -100 with A = +1 (float64 to see it): -min(s, clip(s)) = -s = -e^-20
+    up, _ = gspo_loss(torch.full((1, 2), 100.0), torch.zeros(1, 2), -torch.ones(1, 2),
+                      torch.ones(1, 2))
+    assert up[0].tolist() == pytest.approx([math.exp(20)] * 2, rel=1e-5)
+    down, _ = gspo_loss(torch.full((1, 2), -100.0, dtype=F64), torch.zeros(1, 2, dtype=F64),
+                        torch.ones(1, 2, dtype=F64), torch.ones(1, 2, dtype=F64))
+    assert down[0].tolist() == pytest.approx([-math.exp(-20)] * 2, rel=1e-9)
+
+
+def test_cispo_scales_by_the_advantage_and_counts_a_ratio_on_the_bound_as_inside() -> None:
+    """Stops: the advantage dividing the weight (invisible with A = +-1) and a ratio exactly
+    on a bound counted as clipped (its weight is the ratio itself)."""
+    # r = 1.5 clipped to 1.28, A = 2: loss = -1.28 * 2 * log 0.75 = 0.736466, grad -2.56;
+    # r = 0.5, A = -0.5: loss = 0.5 * 0.5 * log 0.25 = -0.346574, grad 0.25
+    old = t([[0.5, 0.5]]).log()
+    logp = t([[0.75, 0.25]]).log().requires_grad_(True)
+    loss, _ = cispo_loss(logp, old, t([[2, -0.5]]), t([[1, 1]]))
+    close(loss, [[0.736466, -0.346574]])
+    close(grad_of(loss, logp), [[-2.56, 0.25]])
+    # on-policy tokens (r = 1 exactly) with a range of width 0 on either side: r is on the
+    # bound, not outside it
+    same = t([[-0.7, -1.2]])
+    for low, high in ((0.0, 0.5), (0.5, 0.0)):
+        _, metrics = cispo_loss(same, same, t([[1, -1]]), t([[1, 1]]), clip_low=low,
+                                clip_high=high)
+        assert metrics == {"clip_fraction": 0.0}
+
+
+def test_dro_default_beta_and_log_ratio_sq_over_masked_in_tokens_only() -> None:
+    """Stops: a default beta other than the documented 0.05 (Tinker's docs), and the metric
+    divided by the mask (inf for a masked-out token) or averaged over more tokens than are
+    masked in."""
+    # d = logp - old = [0.5, -1]; default beta 0.05: loss_0 = -(-0.5 * 2 - 0.025 * 0.25)
+    # = 1.00625, loss_1 = -(-2 * -1 - 0.025 * 1) = -1.975; with token 1 masked out,
+    # log_ratio_sq is token 0's alone: 0.25
+    loss, metrics = dro_loss(leaf([[-0.5, -2.0]]), t([[-1.0, -1.0]]), t([[2, -1]]),
+                             t([[1, 0]]))
+    close(loss, [[1.00625, -1.975]])
+    assert metrics == pytest.approx({"log_ratio_sq": 0.25})

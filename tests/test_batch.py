@@ -91,6 +91,15 @@ def test_a_group_with_a_masked_member_is_dropped_whole_and_counted():
     assert sft_data([masked]) == []
 
 
+def test_sft_data_weighs_every_sampled_token_by_one():
+    """Supervised data is the RL data with advantage 1: the loss falls on the sampled tokens
+    (weight 1, advantage 1) and nowhere else. Stops: any other advantage (a scaled SFT step)."""
+    [datum] = sft_data([trajectory([SEGMENT_2], reward=0.0)])
+    weights = datum.loss_fn_inputs["weights"]
+    assert weights == (0, 1, 1)
+    assert datum.loss_fn_inputs["advantages"] == weights
+
+
 def test_uniform_groups_can_be_left_out_of_the_batch():
     mixed = TrajectoryGroup("t", tuple(trajectory([SEGMENT_2], reward=r, index=i)
                                        for i, r in enumerate([1.0, 0.0])))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
+import time
 
 import pytest
 from transformers import AutoTokenizer
@@ -18,6 +19,7 @@ from skyrl_agent.llm.session import (
     LLMSession,
     SessionConfig,
     TokenBudgetSpent,
+    differing_tokens,
 )
 from skyrl_agent.types import FinishReason
 from tests.scripted_server import ScriptedServer, replies
@@ -449,3 +451,123 @@ async def test_a_session_keeps_every_images_span_across_turns_and_a_summary(vlm)
     assert [i.data for i in restart.images] == [red, blue]
     text = tokenizer.decode(list(restart.prompt_ids))
     assert "saw red" in text and text.index("task: ") < text.index("saw red")
+
+
+async def test_complete_ids_records_each_call_in_the_segment_it_names(tokenizer):
+    """The capture proxy's path (prompt ids rendered by the caller). Stops: a call recorded in
+    another segment than the one named (or a new one not opened), max_tokens not cut to the
+    session's max_tokens, the context and the token budget (a last token of room or budget is
+    still usable), the stop strings dropped, a turn recorded otherwise than the server sent
+    it, and such a segment counted as drift."""
+    prompt = ChatRenderer(tokenizer).start(CONVERSATION[:2])
+    limit = len(prompt) + 12
+    # A: cut at max_tokens = 8; D: 2 tokens (1 + end of turn) of the 4 left of the budget;
+    # B: 1 token of room; C: the budget's last token
+    config = SessionConfig(max_context_tokens=limit, max_tokens=8, max_sampled_tokens=12)
+    script = replies("a b c d e f g h i j", "m", "k l", "n o")
+    async with (ScriptedServer(tokenizer, script) as server,
+                InferenceClient([server.url]) as client):
+        session = LLMSession(client, tokenizer, config)
+        assert (await session.complete_ids(prompt, 100))[0] == 0  # A
+        assert (await session.complete_ids(prompt, 100, stop=("END",)))[0] == 1  # D
+        # B extends segment 0 (not the newest) up to one token short of the context
+        longer = [*prompt, *session.segments[0].turns[0].completion_ids]
+        longer += [longer[-1]] * (limit - 1 - len(longer))
+        assert (await session.complete_ids(longer, 100, segment=0))[0] == 0
+        assert (await session.complete_ids(prompt, 100))[0] == 2  # C
+        with pytest.raises(ContextOverflow, match=f"has {limit} tokens; the context is {limit}"):
+            await session.complete_ids([*longer, 0], 100, segment=0)
+        with pytest.raises(TokenBudgetSpent, match="sampled 12 tokens, the budget is 12"):
+            await session.complete_ids(prompt, 100)
+    assert server.max_tokens == [8, 4, 1, 1]
+    assert [b.get("stop") for b in server.bodies] == [None, ["END"], None, None]
+    zero, one, two = session.segments
+    assert [t.prompt_ids for t in zero.turns] == [tuple(prompt), tuple(longer)]
+    assert [t.prompt_ids for t in (*one.turns, *two.turns)] == [tuple(prompt)] * 2
+    a, b = zero.turns
+    turns = [a, *one.turns, b, *two.turns]  # in the order of the calls
+    assert [t.completion_ids for t in turns] == [tuple(ids) for ids in server.sampled_ids]
+    assert [t.finish_reason for t in turns] == [FinishReason.LENGTH, FinishReason.STOP,
+                                                FinishReason.LENGTH, FinishReason.LENGTH]
+    for turn in turns:  # what the server sent: every token sampled, logprob -0.25, version 0
+        n = len(turn.completion_ids)
+        assert turn.loss_mask == (1,) * n and turn.completion_logprobs == (-0.25,) * n
+        assert turn.policy_version == 0
+    assert session.drift_tokens() == 0  # its caller measures drift, not the session
+
+
+async def test_the_sampling_settings_reach_the_server(tokenizer):
+    """Stops: a session's temperature, top_p or session id not sent (the server would sample
+    with its defaults, or lose the session's KV-cache routing), and a seed that repeats or
+    runs backwards across turns (each turn must sample anew, reproducibly)."""
+    config = SessionConfig(max_tokens=20, temperature=0.7, top_p=0.9)
+    before = time.time()
+    async with (ScriptedServer(tokenizer, replies("a", "b", "c")) as server,
+                InferenceClient([server.url]) as client):
+        session = LLMSession(client, tokenizer, config, session_id="s-1", seed=41)
+        for text in ("go", "on", "again"):
+            await session.chat([*CONVERSATION[:1], {"role": "user", "content": text}]
+                               if not session.num_turns else [{"role": "user", "content": text}])
+    assert [b["seed"] for b in server.bodies] == [41, 42, 43]
+    assert {(b["temperature"], b["top_p"]) for b in server.bodies} == {(0.7, 0.9)}
+    assert server.session_ids == ["s-1"] * 3
+    starts = [t.started_at for t in session.segments[0].turns]
+    assert before <= starts[0] <= starts[1] <= starts[2] <= time.time()
+
+
+async def test_model_time_adds_up_every_call(tokenizer):
+    """Stops: model time that keeps only the last call's, or is not a duration at all."""
+    async with (ScriptedServer(tokenizer, replies("first", "second")) as server,
+                InferenceClient([server.url]) as client):
+        session = LLMSession(client, tokenizer, SessionConfig(max_tokens=50))
+        session.limiter = asyncio.Semaphore(1)
+        started = time.monotonic()
+        for messages in (CONVERSATION[:2], [{"role": "user", "content": "more"}]):
+            await session.limiter.acquire()  # another session holds the slot for 0.2 s
+            asyncio.get_running_loop().call_later(0.2, session.limiter.release)
+            await session.chat(messages)
+        wall = time.monotonic() - started
+    assert 0.4 <= session.model_time_s <= wall
+
+
+async def test_metrics_count_what_the_server_saw(tokenizer):
+    """The names evaluation's statistics read, each counted independently from the server's
+    own record of the prompts it got and the ids it sent."""
+    async with (ScriptedServer(tokenizer, replies("first", "second")) as server,
+                InferenceClient([server.url]) as client):
+        session = LLMSession(client, tokenizer, SessionConfig(max_tokens=50))
+        await session.chat(CONVERSATION[:2])
+        await session.chat([{"role": "user", "content": "more"}])
+    assert session.metrics() == {
+        "turns": 2, "summaries": 0, "truncations": 0,
+        "prompt_tokens": sum(map(len, server.prompts)),
+        "completion_tokens": sum(map(len, server.sampled_ids)), "drift_tokens": 0}
+
+
+def test_differing_tokens_counts_the_tokens_outside_the_common_subsequence():
+    """Each case by hand: len(a) + len(b) - 2 * (tokens they share in order)."""
+    assert differing_tokens([1, 2, 3], [1, 2, 3]) == 0
+    assert differing_tokens([], [4, 5]) == 2 and differing_tokens([4, 5], []) == 2
+    assert differing_tokens([1, 2], [1, 2, 3]) == 1  # one appended
+    assert differing_tokens([0, 1, 2], [1, 2]) == 1  # one dropped at the head
+    assert differing_tokens([1, 2, 3], [1, 9, 3]) == 2  # one replaced: 2 vs 9
+    assert differing_tokens([9, 2, 3], [1, 2, 3]) == 2  # at the head
+    assert differing_tokens([1, 2, 9], [1, 2, 3]) == 2  # at the tail
+    # two edits apart: head [1], tail [6], middles [2 3 4 5] / [9 3 4 8] share 3 4
+    assert differing_tokens([1, 2, 3, 4, 5, 6], [1, 9, 3, 4, 8, 6]) == 4
+    # repeats: [7 7] vs [7 7 7] share two 7s; [7] vs [7 7 7 7] share one
+    assert differing_tokens([7, 7], [7, 7, 7]) == 1
+    assert differing_tokens([1, 7, 2], [1, 7, 7, 7, 2]) == 2
+    # a long, repetitive history (past difflib's 200-item junk heuristic, where a token that
+    # is over 1% of it would be ignored): the two edits, not the 300 shared tokens
+    shared = [5, 6] * 150
+    assert differing_tokens([1, *shared, 2], [3, *shared, 4]) == 4
+    # every single edit of a sequence: an insertion or deletion of k tokens differs by k, a
+    # replacement of k tokens by m new ones by k + m
+    base = [1, 2, 3, 1, 2, 4]
+    for start in range(len(base) + 1):
+        for k in range(len(base) - start + 1):
+            for m in range(3):
+                edited = base[:start] + [50 + i for i in range(m)] + base[start + k:]
+                assert differing_tokens(base, edited) == k + m, (start, k, m)
+                assert differing_tokens(edited, base) == k + m, (start, k, m)

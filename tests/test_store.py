@@ -91,6 +91,20 @@ def test_damaged_shard_is_named_and_others_still_read(tmp_path):
         TrajectoryStore(tmp_path / "nowhere")
 
 
+def test_a_damaged_first_shard_hides_none_after_it(tmp_path):
+    """Stops: reading stopping at the first unreadable shard, which would drop every
+    trajectory in the shards after it (shards are read in name order)."""
+    store = TrajectoryStore(tmp_path, writable=True)
+    bad = store.append([make_trajectory("demo/a", 0)])
+    store.append([make_trajectory("demo/b", 0)])
+    store.append([make_trajectory("demo/c", 0)])
+    store.close()
+    bad.write_bytes(b"PAR1 this is not parquet")
+    contents = TrajectoryStore(tmp_path).load()
+    assert [t.task_id for t in contents.trajectories] == ["demo/b", "demo/c"]
+    assert len(contents.problems) == 1 and bad.name in contents.problems[0]
+
+
 def test_a_new_run_dir_is_made_with_its_parents(tmp_path):
     run_dir = tmp_path / "runs" / "new" / "run"
     store = TrajectoryStore(run_dir, writable=True)
