@@ -82,7 +82,7 @@ else
   # torch and the rest again.
   python=$(find_python) || { echo "error: skyrl-agent needs Python >= 3.12 and none was found (install python3.12 or use pyenv)" >&2; exit 2; }
   cache="${SKYRL_AGENT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/skyrl-agent}/venvs"
-  key=$( { cat pyproject.toml; grep -vE '^\s*#' "$0"; "$python" -VV; } | sha256sum | cut -c1-16)
+  key=$( { cat pyproject.toml; grep -E 'PACKAGES=|pip" install' "$0"; "$python" -VV; } | sha256sum | cut -c1-16)
   venv="$cache/project${extras:+-dev}-$key"
   mkdir -p "$cache"
   exec 9>"$venv.lock"
@@ -92,9 +92,13 @@ else
     echo "creating $venv with $python and installing skyrl-agent${extras} (once per dependency set: a few minutes, torch)"
     "$python" -m venv "$venv"
     install_project "$venv" && touch "$venv/.installed"
-  elif [ "$("$venv/bin/python" -c 'import skyrl_agent, pathlib; print(pathlib.Path(skyrl_agent.__file__).resolve().parents[1])')" != "$(pwd -P)" ]; then
+  else  # point its editable install at this checkout (a few seconds)
     "$venv/bin/pip" install -q --no-deps -e . 2>&1 | grep -vE "^WARNING: Location|^$" || true
   fi
+  imported=$(cd / && "$venv/bin/python" -c \
+    'import os, skyrl_agent.config as c; print(os.path.dirname(os.path.dirname(os.path.realpath(c.__file__))))')
+  [ "$imported" = "$(pwd -P)" ] \
+    || { echo "error: $venv imports skyrl_agent from ${imported:-nowhere}, not this checkout" >&2; exit 1; }
   flock -u 9
   rm -f .venv
   ln -s "$venv" .venv
