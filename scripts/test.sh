@@ -15,7 +15,7 @@ cache="${SKYRL_AGENT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/skyrl-agent}"
 mypy_log=$(mktemp)
 .venv/bin/mypy --cache-dir "$cache/mypy/$(pwd | sha256sum | cut -c1-16)" >"$mypy_log" 2>&1 &
 mypy_pid=$!
-bash scripts/setup-vllm.sh || exit $?
+bash scripts/setup-vllm.sh || { status=$?; kill "$mypy_pid" 2>/dev/null; rm -f "$mypy_log"; exit $status; }
 export SKYRL_AGENT_REQUIRE_VLLM=1   # the vLLM tier must run, not skip
 wait $mypy_pid || { cat "$mypy_log"; rm -f "$mypy_log"; exit 1; }
 tail -n 1 "$mypy_log"; rm -f "$mypy_log"
